@@ -1,0 +1,41 @@
+"""Every error the project raises on purpose derives from AmpsError.
+
+Callers (the CLI, the gateway) catch AmpsError to turn a problem into a clear message
+or a failure ack; anything else escaping is a bug.
+"""
+
+
+class AmpsError(Exception):
+    """Base of all errors that carry a reason meant for the user."""
+
+    @property
+    def reason(self) -> str:
+        return str(self)
+
+
+class ConfigError(AmpsError, ValueError):
+    """A configuration file or value is wrong; the message names the file and key."""
+
+
+class InvalidBookmark(AmpsError, ValueError):
+    """A bookmark is malformed, names an unknown topic or partition, or is outside the log."""
+
+
+class UnknownTopic(AmpsError, LookupError):
+    """A command names a topic that does not exist (topics are never auto-created)."""
+
+
+class FilterError(AmpsError, ValueError):
+    """A filter or expression does not compile; the message names the position."""
+
+
+class PublishError(AmpsError):
+    """Kafka did not acknowledge a publish; the message was not persisted."""
+
+
+class MessageError(AmpsError, ValueError):
+    """A message payload or envelope is not valid for its topic."""
+
+
+class TransportError(AmpsError, ConnectionError):
+    """The transport to Kafka or to a gateway failed."""
