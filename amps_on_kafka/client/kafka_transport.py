@@ -1,0 +1,72 @@
+"""The `kafka://` transport: publish and replay straight against Kafka, no worker needed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from amps_on_kafka.errors import TransportError
+from amps_on_kafka.log.envelope import Command
+from amps_on_kafka.log.kafka import METADATA_TIMEOUT, admin_client
+from amps_on_kafka.log.publisher import FailedWrite, LogPublisher
+from amps_on_kafka.log.registry import TopicRegistry
+from amps_on_kafka.log.replay import Replay
+
+
+class KafkaTransport:
+    def __init__(self, bootstrap: str, client_name: str) -> None:
+        self.bootstrap = bootstrap
+        self.client_name = client_name
+        self.registry = TopicRegistry(bootstrap)
+        self._publisher: LogPublisher | None = None
+        self._failed_write_handler: Callable[[FailedWrite], None] | None = None
+
+    def logon(self, timeout: float | None) -> None:
+        try:
+            admin_client(self.bootstrap).list_topics(timeout=timeout or METADATA_TIMEOUT)
+        except KafkaException as exc:
+            raise TransportError(f"can't reach Kafka at {self.bootstrap}: {exc}") from exc
+
+    @property
+    def publisher(self) -> LogPublisher:
+        if self._publisher is None:
+            self._publisher = LogPublisher(
+                self.bootstrap,
+                self.client_name,
+                registry=self.registry,
+                on_failed_write=self._failed_write_handler,
+            )
+        return self._publisher
+
+    def set_failed_write_handler(self, handler: Callable[[FailedWrite], None] | None) -> None:
+        self._failed_write_handler = handler
+        if self._publisher is not None:
+            self._publisher.on_failed_write = handler
+
+    def publish(self, topic: str, data: Any, expiration: float | None, command: Command, **kw: Any) -> int:
+        return self.publisher.publish(topic, data, expiration=expiration, command=command, **kw)
+
+    def sow_delete(self, topic: str, **kw: Any) -> int:
+        return self.publisher.sow_delete(topic, **kw)
+
+    def publish_flush(self, timeout: float | None) -> None:
+        if self._publisher is not None:
+            self._publisher.flush(timeout)
+
+    def bookmark_subscribe(self, topic: str, bookmark: str, predicate, until: str | None, timeout: float | None) -> Replay:
+        return Replay(
+            self.bootstrap,
+            topic,
+            bookmark,
+            predicate=predicate,
+            until=until,
+            registry=self.registry,
+            max_idle=timeout,
+        )
+
+    def close(self) -> None:
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None

@@ -1,0 +1,26 @@
+"""Configuration: YAML in AMPS vocabulary, validated at load."""
+
+from amps_on_kafka.config.durations import format_duration, parse_duration
+from amps_on_kafka.config.loader import load_config
+from amps_on_kafka.config.model import (
+    Config,
+    Expiration,
+    GatewayConfig,
+    MessageType,
+    SowConfig,
+    TopicConfig,
+    check_topic_name,
+)
+
+__all__ = [
+    "Config",
+    "Expiration",
+    "GatewayConfig",
+    "MessageType",
+    "SowConfig",
+    "TopicConfig",
+    "check_topic_name",
+    "format_duration",
+    "load_config",
+    "parse_duration",
+]

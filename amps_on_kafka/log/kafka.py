@@ -1,0 +1,82 @@
+"""Small shared pieces of confluent-kafka set-up, so every part talks to Kafka alike."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from amps_on_kafka.errors import TransportError, UnknownTopic
+
+METADATA_TIMEOUT = 10.0
+
+
+def admin_client(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def log_producer(bootstrap: str, **overrides: Any) -> Producer:
+    """A producer whose delivery report means persisted: acks=all, idempotent, in order.
+
+    murmur2 is Kafka's Java partitioner, so a SOW key lands in the same partition
+    whichever client published it.
+    """
+    config = {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "batch.num.messages": 10_000,
+        "queue.buffering.max.messages": 1_000_000,
+        "queue.buffering.max.kbytes": 1_048_576,
+        "compression.type": "lz4",
+        "partitioner": "murmur2_random",
+        "topic.metadata.refresh.interval.ms": 30_000,
+    }
+    config.update(overrides)
+    return Producer(config)
+
+
+def reader(bootstrap: str, **overrides: Any) -> Consumer:
+    """A consumer for assign-and-seek reading: no group membership, no commits."""
+    config = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"amps-reader-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": False,
+        "auto.offset.reset": "error",
+        "fetch.wait.max.ms": 100,
+        "queued.min.messages": 100_000,
+        "fetch.max.bytes": 52_428_800,
+    }
+    config.update(overrides)
+    return Consumer(config)
+
+
+def partitions_of(client: AdminClient | Consumer | Producer, topic: str) -> list[int]:
+    """The partitions of a topic; UnknownTopic when Kafka doesn't have it."""
+    try:
+        metadata = client.list_topics(topic, timeout=METADATA_TIMEOUT)
+    except KafkaException as exc:
+        raise TransportError(f"can't reach Kafka for metadata of {topic!r}: {exc}") from exc
+    info = metadata.topics.get(topic)
+    if info is None or info.error is not None and info.error.code() in (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+    ):
+        raise UnknownTopic(f"topic {topic!r} does not exist (create it with amps-kafka topics create)")
+    if info.error is not None:
+        raise TransportError(f"metadata for topic {topic!r}: {info.error.str()}")
+    return sorted(info.partitions)
+
+
+def topic_names(client: AdminClient | Consumer) -> list[str]:
+    """Every user topic (Kafka's internal topics and ours, starting with '_', left out)."""
+    try:
+        metadata = client.list_topics(timeout=METADATA_TIMEOUT)
+    except KafkaException as exc:
+        raise TransportError(f"can't reach Kafka: {exc}") from exc
+    return sorted(name for name in metadata.topics if not name.startswith("_"))

@@ -1,0 +1,57 @@
+"""SOW keys: the text that identifies a record, computed from its Key paths.
+
+Like AMPS, key fields are compared as text: `42` and `"42"` name the same record. A
+single key is the field's text; a composite key is a JSON array of the fields' texts,
+which can't collide with a single key nor be split ambiguously.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from amps_on_kafka.errors import MessageError
+
+
+def split_path(path: str) -> tuple[str, ...]:
+    return tuple(part for part in path.split("/") if part)
+
+
+def field_at(data: Any, parts: Sequence[str]) -> Any:
+    """The value at a path, or None where any step is missing."""
+    for part in parts:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
+    return data
+
+
+def key_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return orjson.dumps(value).decode()
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+class KeyExtractor:
+    """Computes SOW keys for one topic; built once from its Key paths."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = tuple(paths)
+        self._parts = [split_path(p) for p in self.paths]
+
+    def __call__(self, data: Any) -> str:
+        texts = []
+        for path, parts in zip(self.paths, self._parts, strict=True):
+            value = field_at(data, parts)
+            if value is None or value == "":
+                raise MessageError(f"message has no value for the SOW key field {path}")
+            texts.append(key_text(value))
+        if len(texts) == 1:
+            return texts[0]
+        return orjson.dumps(texts).decode()

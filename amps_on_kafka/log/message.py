@@ -1,0 +1,102 @@
+"""A record read from the log, with AMPS's view of it.
+
+The envelope and the payload are decoded on first access only: a replay that filters
+on a few fields, or only counts, must not pay for what it never reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amps_on_kafka.log.bookmarks import format_bookmark
+from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.log.envelope import Envelope
+
+
+class LogMessage:
+    __slots__ = ("_data", "_envelope", "codec", "headers", "offset", "partition", "raw", "timestamp", "topic")
+
+    command_kind = "message"
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp: int,
+        raw: bytes | None,
+        headers: list[tuple[str, bytes]] | None,
+        codec: Codec,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.timestamp = timestamp  # milliseconds since the epoch (LogAppendTime)
+        self.raw = raw
+        self.headers = headers
+        self.codec = codec
+        self._envelope: Envelope | None = None
+        self._data: Any = _UNSET
+
+    @property
+    def envelope(self) -> Envelope:
+        if self._envelope is None:
+            self._envelope = Envelope.from_headers(self.headers)
+        return self._envelope
+
+    @property
+    def data(self) -> Any:
+        """The decoded payload (dict for JSON and Avro, bytes for binary)."""
+        if self._data is _UNSET:
+            self._data = self.codec.decode(self.raw) if self.raw is not None else None
+        return self._data
+
+    @property
+    def bookmark(self) -> str:
+        return format_bookmark(self.topic, self.partition, self.offset)
+
+    @property
+    def command(self) -> str:
+        return self.envelope.command.value
+
+    @property
+    def logical_topic(self) -> str:
+        return self.envelope.topic or self.topic
+
+    @property
+    def sow_key(self) -> str | None:
+        return self.envelope.sow_key
+
+    @property
+    def expiration(self) -> float | None:
+        return self.envelope.expiration
+
+    @property
+    def publisher_id(self) -> str | None:
+        return self.envelope.publisher_id
+
+    @property
+    def sequence(self) -> int | None:
+        return self.envelope.sequence
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self.envelope.correlation_id
+
+    def __repr__(self) -> str:
+        return f"LogMessage({self.bookmark}, {self.command})"
+
+
+class Completed:
+    """The `completed` ack: the replay has caught up with the log as it was at the start."""
+
+    __slots__ = ()
+    command = "ack"
+    ack_type = "completed"
+
+    def __repr__(self) -> str:
+        return "COMPLETED"
+
+
+COMPLETED = Completed()
+_UNSET = object()

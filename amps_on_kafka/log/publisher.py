@@ -1,0 +1,208 @@
+"""Writing commands to the log: the one code path for every publish, whichever transport.
+
+The client's `kafka://` transport and the gateway both publish through LogPublisher, so
+a record looks the same however it got to Kafka. "Persisted" means Kafka acknowledged
+the record with acks=all from an idempotent producer; until then a publish is pending,
+and a failure is reported to the application, never dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Message
+
+from amps_on_kafka.errors import MessageError, PublishError
+from amps_on_kafka.log.codecs import encode_payload
+from amps_on_kafka.log.envelope import Command, Envelope
+from amps_on_kafka.log.kafka import log_producer
+from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
+
+Persisted = Callable[[PublishError | None, Message], None]
+
+
+@dataclass(frozen=True)
+class FailedWrite:
+    """A command Kafka refused or never acknowledged."""
+
+    topic: str
+    sequence: int | None
+    reason: str
+
+
+class LogPublisher:
+    """Encodes commands as log records and produces them with persisted acks."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        publisher_id: str,
+        *,
+        registry: TopicRegistry | None = None,
+        first_sequence: int | None = None,
+        on_failed_write: Callable[[FailedWrite], None] | None = None,
+        producer_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.publisher_id = publisher_id
+        self.registry = registry or TopicRegistry(bootstrap)
+        self.on_failed_write = on_failed_write
+        # Microseconds since the epoch: a restarted publisher keeps its sequence rising.
+        self._sequence = first_sequence if first_sequence is not None else time.time_ns() // 1000
+        self._specs: dict[str, TopicSpec] = {}
+        self._failures: list[FailedWrite] = []
+        self._lock = threading.Lock()
+        self._producer = log_producer(bootstrap, **(producer_config or {}))
+
+    @property
+    def last_sequence(self) -> int:
+        return self._sequence
+
+    def spec(self, topic: str) -> TopicSpec:
+        spec = self._specs.get(topic)
+        if spec is None:
+            spec = self._specs[topic] = self.registry.spec(topic)
+        return spec
+
+    def publish(
+        self,
+        topic: str,
+        data: Any,
+        *,
+        expiration: float | None = None,
+        command: Command = Command.PUBLISH,
+        sow_key: str | None = None,
+        correlation_id: str | None = None,
+        on_persisted: Persisted | None = None,
+    ) -> int:
+        """Produce a publish or delta_publish; returns its sequence number."""
+        spec = self.spec(topic)
+        value, document = encode_payload(spec.codec, data)
+        key = self._sow_key(spec, document, sow_key)
+        if expiration is not None and expiration < 0:
+            raise MessageError(f"expiration must be 0 (never) or a positive number of seconds, got {expiration}")
+        envelope = Envelope(
+            command=command,
+            sow_key=key,
+            expiration=expiration,
+            publisher_id=self.publisher_id,
+            sequence=self._next_sequence(),
+            correlation_id=correlation_id,
+            message_type=spec.message_type,
+        )
+        self._produce(topic, key, value, envelope, on_persisted)
+        return envelope.sequence  # type: ignore[return-value]
+
+    def sow_delete(
+        self,
+        topic: str,
+        *,
+        filter: str | None = None,
+        keys: Iterable[str] | None = None,
+        data: Any = None,
+        correlation_id: str | None = None,
+        on_persisted: Persisted | None = None,
+    ) -> int:
+        """Produce a sow_delete by filter, by SOW keys or by data (exactly one of them)."""
+        given = [name for name, v in (("filter", filter), ("keys", keys), ("data", data)) if v is not None]
+        if len(given) != 1:
+            raise MessageError(f"sow_delete takes exactly one of filter, keys or data (got {given or 'none'})")
+        spec = self.spec(topic)
+        value, key, sow_keys = None, None, None
+        if data is not None:
+            value, document = encode_payload(spec.codec, data)
+            key = self._sow_key(spec, document, None)
+        elif keys is not None:
+            sow_keys = tuple(str(k) for k in keys)
+        envelope = Envelope(
+            command=Command.SOW_DELETE,
+            sow_key=key,
+            publisher_id=self.publisher_id,
+            sequence=self._next_sequence(),
+            correlation_id=correlation_id,
+            message_type=spec.message_type,
+            filter=filter,
+            sow_keys=sow_keys,
+        )
+        self._produce(topic, key, value, envelope, on_persisted)
+        return envelope.sequence  # type: ignore[return-value]
+
+    def _sow_key(self, spec: TopicSpec, document: Any, explicit: str | None) -> str | None:
+        if explicit is not None:
+            if spec.key and not spec.key_from_publish:
+                raise MessageError(
+                    f"topic {spec.name!r} computes SOW keys from {', '.join(spec.key)}; "
+                    "an explicit sow key needs KeyFromPublish: true"
+                )
+            return explicit
+        if spec.key_extractor is None:
+            if spec.key_from_publish:
+                raise MessageError(f"topic {spec.name!r} needs an explicit sow key on every publish")
+            return None
+        return spec.key_extractor(document)
+
+    def _next_sequence(self) -> int:
+        with self._lock:
+            self._sequence += 1
+            return self._sequence
+
+    def _produce(self, topic: str, key: str | None, value: bytes | None, envelope: Envelope, on_persisted: Persisted | None) -> None:
+        callback = self._delivered if on_persisted is None else _chain(self._delivered, on_persisted)
+        headers = envelope.to_headers()
+        raw_key = key.encode() if key is not None else None
+        while True:
+            try:
+                self._producer.produce(topic, value, raw_key, headers=headers, on_delivery=callback)
+                break
+            except BufferError:
+                self._producer.poll(0.05)  # the local queue is full: let deliveries drain
+        self._producer.poll(0)
+
+    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            return
+        failure = FailedWrite(message.topic(), _sequence_of(message), error.str())
+        if self.on_failed_write is not None:
+            self.on_failed_write(failure)
+        else:
+            with self._lock:
+                self._failures.append(failure)
+
+    def pending(self) -> int:
+        """Commands produced that Kafka has not acknowledged yet."""
+        return len(self._producer)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until Kafka acknowledged everything; raise on failures or a timeout."""
+        remaining = self._producer.flush(-1 if timeout is None else timeout)
+        with self._lock:
+            failures, self._failures = self._failures, []
+        if failures:
+            first = failures[0]
+            raise PublishError(
+                f"{len(failures)} publish(es) not persisted; first: topic {first.topic!r} "
+                f"sequence {first.sequence}: {first.reason}"
+            )
+        if remaining:
+            raise PublishError(f"{remaining} publish(es) not yet acknowledged by Kafka after {timeout}s")
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.flush(timeout)
+
+
+def _chain(first: Callable[..., None], second: Persisted) -> Callable[[KafkaError | None, Message], None]:
+    def both(error: KafkaError | None, message: Message) -> None:
+        first(error, message)
+        second(PublishError(error.str()) if error is not None else None, message)
+
+    return both
+
+
+def _sequence_of(message: Message) -> int | None:
+    for name, value in message.headers() or ():
+        if name == "s" and value is not None:
+            return int(value)
+    return None

@@ -1,0 +1,158 @@
+"""The topic registry: what every client must know about a log topic, kept in Kafka.
+
+AMPS clients learn a topic's message type and SOW key from the server's configuration.
+Here there is no server between a `kafka://` publisher and the log, so `topics create`
+records each topic's spec in a compacted topic, `_amps_topics`, and every client and
+worker reads it. The publisher needs the Key paths to put a record's SOW key in its
+Kafka key: that keeps one SOW key in one partition, in one order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import orjson
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from amps_on_kafka.errors import MessageError, TransportError
+from amps_on_kafka.log.codecs import Codec, codec_for
+from amps_on_kafka.log.kafka import METADATA_TIMEOUT, admin_client, log_producer, partitions_of, reader
+from amps_on_kafka.log.keys import KeyExtractor
+
+REGISTRY_TOPIC = "_amps_topics"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A log topic as clients see it: how to encode payloads and compute SOW keys."""
+
+    name: str
+    partitions: int = 1
+    message_type: str = "json"
+    schema: dict[str, Any] | None = None
+    key: tuple[str, ...] | None = None
+    key_from_publish: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @cached_property
+    def codec(self) -> Codec:
+        return codec_for(self.message_type, self.schema)
+
+    @cached_property
+    def key_extractor(self) -> KeyExtractor | None:
+        return KeyExtractor(self.key) if self.key else None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "name": self.name,
+                "partitions": self.partitions,
+                "message_type": self.message_type,
+                "schema": self.schema,
+                "key": list(self.key) if self.key else None,
+                "key_from_publish": self.key_from_publish,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> TopicSpec:
+        doc = orjson.loads(raw)
+        return cls(
+            name=doc["name"],
+            partitions=int(doc.get("partitions", 1)),
+            message_type=doc.get("message_type", "json"),
+            schema=doc.get("schema"),
+            key=tuple(doc["key"]) if doc.get("key") else None,
+            key_from_publish=bool(doc.get("key_from_publish", False)),
+        )
+
+
+class TopicRegistry:
+    """Reads the registry once and again on a miss; thread-safe for the gateway."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._specs: dict[str, TopicSpec] = {}
+        self._lock = threading.Lock()
+        self._admin = admin_client(bootstrap)
+
+    def spec(self, name: str) -> TopicSpec:
+        """The spec of an existing topic; UnknownTopic when Kafka lacks it.
+
+        A topic created by other tools has no registry entry: it is JSON without a key.
+        """
+        with self._lock:
+            if name not in self._specs:
+                self._specs.update(self._read_all())
+            found = self._specs.get(name)
+        partitions = partitions_of(self._admin, name)
+        if found is None:
+            return TopicSpec(name=name, partitions=len(partitions))
+        return found
+
+    def register(self, spec: TopicSpec) -> None:
+        ensure_registry_topic(self._admin)
+        producer = log_producer(self.bootstrap, **{"linger.ms": 0})
+        producer.produce(REGISTRY_TOPIC, key=spec.name.encode(), value=spec.to_json())
+        if producer.flush(METADATA_TIMEOUT) != 0:
+            raise TransportError(f"Kafka did not acknowledge the registry entry for {spec.name!r}")
+        with self._lock:
+            self._specs[spec.name] = spec
+
+    def _read_all(self) -> dict[str, TopicSpec]:
+        consumer = reader(self.bootstrap)
+        try:
+            try:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(REGISTRY_TOPIC, 0), timeout=METADATA_TIMEOUT
+                )
+            except KafkaException:
+                return {}  # no registry topic yet: nothing registered
+            specs: dict[str, TopicSpec] = {}
+            if high <= low:
+                return specs
+            consumer.assign([TopicPartition(REGISTRY_TOPIC, 0, low)])
+            deadline = time.monotonic() + METADATA_TIMEOUT
+            while _position(consumer) < high:
+                if time.monotonic() > deadline:
+                    raise TransportError("timed out reading the topic registry")
+                for record in consumer.consume(1000, timeout=0.5):
+                    if not record.error():
+                        _apply(specs, record.key(), record.value())
+            return specs
+        finally:
+            consumer.close()
+
+
+def _position(consumer) -> int:
+    offset = consumer.position([TopicPartition(REGISTRY_TOPIC, 0)])[0].offset
+    return max(offset, 0)
+
+
+def _apply(specs: dict[str, TopicSpec], key: bytes | None, value: bytes | None) -> None:
+    if key is None:
+        return
+    if value is None:
+        specs.pop(key.decode(), None)
+        return
+    try:
+        specs[key.decode()] = TopicSpec.from_json(value)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, MessageError):
+        return  # an entry this version can't read is ignored, not fatal
+
+
+def ensure_registry_topic(admin) -> None:
+    futures = admin.create_topics(
+        [NewTopic(REGISTRY_TOPIC, 1, 1, config={"cleanup.policy": "compact"})],
+        operation_timeout=METADATA_TIMEOUT,
+    )
+    try:
+        futures[REGISTRY_TOPIC].result()
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+            raise TransportError(f"can't create the topic registry: {exc}") from exc

@@ -1,0 +1,182 @@
+"""Reading the log from a bookmark: the engine behind bookmark subscriptions and replay.
+
+One consumer, assigned (never subscribed), so the position is exactly the bookmark and
+Kafka's group protocol never moves it. The end offsets taken when the replay starts
+decide when the `completed` marker is due: everything before them is replay, anything
+after is live.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from amps_on_kafka.errors import InvalidBookmark, MessageError, TransportError, UnknownTopic
+from amps_on_kafka.log.bookmarks import (
+    TP,
+    Bookmark,
+    parse_bookmark,
+    resolve_start,
+    resolve_stop,
+    watermarks,
+)
+from amps_on_kafka.log.kafka import partitions_of, reader, topic_names
+from amps_on_kafka.log.message import COMPLETED, Completed, LogMessage
+from amps_on_kafka.log.registry import TopicRegistry
+
+Predicate = Callable[[Any], bool]
+_PLAIN_TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def select_topics(client, pattern: str) -> list[str]:
+    """A topic name, or a regular expression over topic names (AMPS's topic regex)."""
+    if _PLAIN_TOPIC.match(pattern):
+        partitions_of(client, pattern)
+        return [pattern]
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise UnknownTopic(f"topic pattern {pattern!r} is not a valid regular expression: {exc}") from exc
+    matched = [name for name in topic_names(client) if regex.fullmatch(name)]
+    if not matched:
+        raise UnknownTopic(f"no topic matches the pattern {pattern!r}")
+    return matched
+
+
+class Replay:
+    """Iterates the log from a bookmark: messages, one COMPLETED, then live messages.
+
+    With `until`, iteration ends at that point instead of following the log. With
+    `max_idle`, iteration ends when no message arrived for that many seconds.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        bookmark: str | Bookmark = "0",
+        *,
+        predicate: Predicate | None = None,
+        until: str | None = None,
+        registry: TopicRegistry | None = None,
+        max_idle: float | None = None,
+        batch_size: int = 2000,
+    ) -> None:
+        self.predicate = predicate
+        self.max_idle = max_idle
+        self.batch_size = batch_size
+        self._consumer = reader(bootstrap)
+        try:
+            self._prepare(bootstrap, topic, bookmark, until, registry)
+        except BaseException:
+            self._consumer.close()
+            raise
+
+    def _prepare(self, bootstrap, topic, bookmark, until, registry) -> None:
+        registry = registry or TopicRegistry(bootstrap)
+        self.topics = select_topics(self._consumer, topic)
+        self._codecs = {name: registry.spec(name).codec for name in self.topics}
+        partitions = [(name, p) for name in self.topics for p in partitions_of(self._consumer, name)]
+        marks = watermarks(self._consumer, partitions)
+        text = bookmark if isinstance(bookmark, str) else str(bookmark)
+        parsed = parse_bookmark(bookmark) if isinstance(bookmark, str) else bookmark
+        self.starts = resolve_start(self._consumer, marks, parsed, text)
+        self.ends = {tp: m.high for tp, m in marks.items()}
+        self.stops: dict[TP, int] | None = None
+        if until is not None:
+            self.stops = resolve_stop(self._consumer, marks, parse_bookmark(until), until)
+        self._pending = {tp for tp, start in self.starts.items() if start < self.ends[tp]}
+        self._positions = dict(self.starts)
+        self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.starts.items()])
+
+    @property
+    def positions(self) -> dict[TP, int]:
+        """The next offset to deliver in each partition."""
+        return dict(self._positions)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[LogMessage | Completed]:
+        if not self._pending:
+            yield COMPLETED
+        stopped = self._stop_finished_partitions()
+        if self.stops is not None and stopped:
+            return
+        idle_since = time.monotonic()
+        while True:
+            records = self._consumer.consume(self.batch_size, timeout=0.2)
+            if not records:
+                if self.max_idle is not None and time.monotonic() - idle_since > self.max_idle:
+                    return
+                if self._pending and self._catch_up_gaps():
+                    yield COMPLETED
+                continue
+            idle_since = time.monotonic()
+            yield from self._deliver(records)
+            if self.stops is not None and self._stop_finished_partitions():
+                return
+
+    def _deliver(self, records) -> Iterator[LogMessage | Completed]:
+        predicate, codecs, positions, stops = self.predicate, self._codecs, self._positions, self.stops
+        for record in records:
+            if record.error():
+                _raise_consumer_error(record.error())
+            tp = (record.topic(), record.partition())
+            offset = record.offset()
+            if stops is not None and offset >= stops[tp]:
+                continue
+            positions[tp] = offset + 1
+            message = LogMessage(
+                tp[0], tp[1], offset, record.timestamp()[1], record.value(), record.headers(), codecs[tp[0]]
+            )
+            if predicate is None or _matches(predicate, message):
+                yield message
+            if self._pending and tp in self._pending and offset + 1 >= self.ends[tp]:
+                self._pending.discard(tp)
+                if not self._pending:
+                    yield COMPLETED
+
+    def _catch_up_gaps(self) -> bool:
+        """Offsets with no record (compaction, control records) still count as read."""
+        current = self._consumer.position([TopicPartition(t, p) for t, p in self._pending])
+        for tp in current:
+            key = (tp.topic, tp.partition)
+            if tp.offset >= self.ends[key]:
+                self._pending.discard(key)
+                self._positions[key] = max(self._positions[key], tp.offset)
+        return not self._pending
+
+    def _stop_finished_partitions(self) -> bool:
+        """Pause partitions that reached `until`; True when all of them have."""
+        if self.stops is None:
+            return False
+        done = [tp for tp, stop in self.stops.items() if self._positions[tp] >= stop]
+        if done:
+            self._consumer.pause([TopicPartition(t, p) for t, p in done])
+        return len(done) == len(self.stops)
+
+
+def _matches(predicate: Predicate, message: LogMessage) -> bool:
+    try:
+        return predicate(message.data)
+    except MessageError:
+        return False  # a payload that doesn't decode can't match a content filter
+
+
+def _raise_consumer_error(error: KafkaError) -> None:
+    if error.code() == KafkaError._PARTITION_EOF:
+        return
+    if error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+        raise InvalidBookmark(f"the replay position left the log (retention removed it): {error.str()}")
+    raise TransportError(f"reading the log failed: {error.str()}")
