@@ -1,6 +1,6 @@
 """Configuration: YAML in AMPS vocabulary, validated at load."""
 
-from amps_on_kafka.config.durations import format_duration, parse_duration
+from amps_on_kafka.config.durations import parse_duration
 from amps_on_kafka.config.loader import load_config
 from amps_on_kafka.config.model import (
     Config,
@@ -20,7 +20,6 @@ __all__ = [
     "SowConfig",
     "TopicConfig",
     "check_topic_name",
-    "format_duration",
     "load_config",
     "parse_duration",
 ]

@@ -28,11 +28,3 @@ def parse_duration(text: str | float | int) -> float:
     number, unit = match.groups()
     return float(number) * _UNITS[(unit or "s").lower()]
 
-
-def format_duration(seconds: float) -> str:
-    """The shortest exact AMPS spelling of a duration, for messages and docs."""
-    for unit in ("d", "h", "m", "s", "ms"):
-        size = _UNITS[unit]
-        if seconds >= size and (seconds / size).is_integer():
-            return f"{int(seconds / size)}{unit}"
-    return f"{seconds}s"

@@ -24,6 +24,7 @@ def load_config(path: str | Path) -> Config:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
+    raw = {section: body for section, body in raw.items() if body is not None}  # empty sections
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:

@@ -1,0 +1,3 @@
+from amps_on_kafka.cli import main
+
+main()

@@ -1,0 +1,66 @@
+"""Message types: JSON (default), Avro with a configured schema, opaque binary."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from amps_on_kafka.errors import MessageError
+from amps_on_kafka.log.codecs import AvroCodec, codec_for, encode_payload
+
+ORDER_SCHEMA = {
+    "type": "record",
+    "name": "Order",
+    "fields": [{"name": "id", "type": "long"}, {"name": "sym", "type": "string"}, {"name": "qty", "type": "double"}],
+}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.text(max_size=10), json_values, max_size=6))
+def test_json_documents_round_trip(document):
+    codec = codec_for("json")
+    assert codec.decode(codec.encode(document)) == document
+
+
+@given(st.fixed_dictionaries({"id": st.integers(-(2**63), 2**63 - 1), "sym": st.text(), "qty": st.floats(allow_nan=False)}))
+def test_avro_records_round_trip_through_the_configured_schema(record):
+    codec = AvroCodec(ORDER_SCHEMA)
+    assert codec.decode(codec.encode(record)) == record
+
+
+@given(st.binary())
+def test_binary_payloads_are_opaque(raw):
+    value, document = encode_payload(codec_for("binary"), raw)
+    assert value == raw and document == raw
+
+
+def test_json_text_is_validated_before_it_reaches_the_log():
+    with pytest.raises(MessageError, match="not valid JSON"):
+        encode_payload(codec_for("json"), '{"id": 1,')
+
+
+def test_json_text_passes_through_unchanged():
+    value, document = encode_payload(codec_for("json"), '{"id": 1}')
+    assert value == b'{"id": 1}' and document == {"id": 1}
+
+
+def test_avro_refuses_a_record_that_does_not_fit_the_schema():
+    with pytest.raises(MessageError, match="does not fit the Avro schema"):
+        AvroCodec(ORDER_SCHEMA).encode({"id": "one", "sym": "IBM", "qty": 1.0})
+
+
+@given(st.binary(max_size=64))
+def test_avro_garbage_is_a_message_error_never_a_crash(raw):
+    try:
+        AvroCodec(ORDER_SCHEMA).decode(raw)
+    except MessageError:
+        pass
+
+
+def test_unknown_message_type_is_named():
+    with pytest.raises(MessageError, match="unknown message type 'xml'"):
+        codec_for("xml")
