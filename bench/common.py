@@ -29,7 +29,9 @@ def bootstrap() -> str:
 def new_topic(servers: str, label: str, partitions: int, key: tuple[str, ...] | None = None) -> str:
     name = f"bench.{label}.{uuid.uuid4().hex[:8]}"
     spec = TopicSpec(name, partitions, key=key)
-    create_log_topics(AdminClient({"bootstrap.servers": servers}), TopicRegistry(servers), [(spec, 1, None)])
+    create_log_topics(
+        AdminClient({"bootstrap.servers": servers}), TopicRegistry(servers), [(spec, 1, None)]
+    )
     return name
 
 
@@ -73,7 +75,11 @@ def timed(name: str, count: int, run: Callable[[], object]) -> Result:
 
 def report(title: str, ours: Result, peer: Result, target: float | None = None) -> None:
     ratio = ours.rate / peer.rate
-    verdict = "" if target is None else ("  (target {:.2f}x: {})".format(target, "met" if ratio >= target else "MISSED"))
+    verdict = (
+        ""
+        if target is None
+        else ("  (target {:.2f}x: {})".format(target, "met" if ratio >= target else "MISSED"))
+    )
     print(
         f"{title:<48} ours {ours.rate:>11,.0f}/s  {peer.name} {peer.rate:>11,.0f}/s  "
         f"ratio {ratio:.2f}x{verdict}",

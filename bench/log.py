@@ -1,6 +1,6 @@
 """Issue 2 benchmarks: Client.publish and bookmark_subscribe beside raw confluent-kafka.
 
-    python -m bench log [--messages 500000]
+python -m bench log [--messages 500000]
 """
 
 from __future__ import annotations
@@ -70,14 +70,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     servers = bootstrap()
     docs = documents(args.messages)
-    print(f"# {args.messages:,} messages of ~{encoded_size(docs[0])} bytes of JSON, broker {servers}")
+    print(
+        f"# {args.messages:,} messages of ~{encoded_size(docs[0])} bytes of JSON, broker {servers}"
+    )
     for partitions in (1, 4):
         raw_topic = new_topic(servers, "raw", partitions)
         our_topic = new_topic(servers, "client", partitions, key=("/id",))
         peer = timed("raw", len(docs), lambda t=raw_topic: raw_produce(servers, t, docs))
         ours = timed("client", len(docs), lambda t=our_topic: client_publish(servers, t, docs))
         report(f"publish, persisted acks, {partitions} partition(s)", ours, peer, 0.8)
-        peer = timed("raw", len(docs), lambda t=raw_topic, p=partitions: raw_consume(servers, t, p, len(docs)))
+        peer = timed(
+            "raw",
+            len(docs),
+            lambda t=raw_topic, p=partitions: raw_consume(servers, t, p, len(docs)),
+        )
         ours = timed("client", len(docs), lambda t=our_topic: client_replay(servers, t, len(docs)))
         report(f"bookmark_subscribe from EPOCH, {partitions} partition(s)", ours, peer, 0.7)
 

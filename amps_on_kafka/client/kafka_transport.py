@@ -45,7 +45,9 @@ class KafkaTransport:
         if self._publisher is not None:
             self._publisher.on_failed_write = handler
 
-    def publish(self, topic: str, data: Any, expiration: float | None, command: Command, **kw: Any) -> int:
+    def publish(
+        self, topic: str, data: Any, expiration: float | None, command: Command, **kw: Any
+    ) -> int:
         return self.publisher.publish(topic, data, expiration=expiration, command=command, **kw)
 
     def sow_delete(self, topic: str, **kw: Any) -> int:
@@ -55,7 +57,9 @@ class KafkaTransport:
         if self._publisher is not None:
             self._publisher.flush(timeout)
 
-    def bookmark_subscribe(self, topic: str, bookmark: str, predicate, until: str | None, timeout: float | None) -> Replay:
+    def bookmark_subscribe(
+        self, topic: str, bookmark: str, predicate, until: str | None, timeout: float | None
+    ) -> Replay:
         return Replay(
             self.bootstrap,
             topic,

@@ -12,7 +12,9 @@ class MessageStream:
     Closing the stream ends the subscription; use it as a context manager.
     """
 
-    def __init__(self, source: Iterator[Any], on_close: Callable[[], None], sub_id: str | None = None) -> None:
+    def __init__(
+        self, source: Iterator[Any], on_close: Callable[[], None], sub_id: str | None = None
+    ) -> None:
         self._source = source
         self._on_close = on_close
         self._closed = False

@@ -19,12 +19,16 @@ def parse_uri(uri: str) -> Endpoint:
     parts = urlsplit(uri)
     if parts.scheme == "kafka":
         if not parts.netloc:
-            raise TransportError(f"{uri!r}: a kafka:// URI needs host:port (kafka://127.0.0.1:9092)")
+            raise TransportError(
+                f"{uri!r}: a kafka:// URI needs host:port (kafka://127.0.0.1:9092)"
+            )
         return Endpoint("kafka", parts.netloc)
     if parts.scheme == "tcp":
         segments = [s for s in parts.path.split("/") if s]
         if not parts.hostname or not parts.port:
-            raise TransportError(f"{uri!r}: a tcp:// URI needs host:port (tcp://127.0.0.1:9007/amps/json)")
+            raise TransportError(
+                f"{uri!r}: a tcp:// URI needs host:port (tcp://127.0.0.1:9007/amps/json)"
+            )
         if segments and segments[0] != "amps":
             raise TransportError(f"{uri!r}: the path must be /amps/<message type>, e.g. /amps/json")
         message_type = segments[1] if len(segments) > 1 else "json"

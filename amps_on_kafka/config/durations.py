@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import re
 
-_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    "w": 604800.0,
+}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
 
 
@@ -27,4 +36,3 @@ def parse_duration(text: str | float | int) -> float:
         )
     number, unit = match.groups()
     return float(number) * _UNITS[(unit or "s").lower()]
-

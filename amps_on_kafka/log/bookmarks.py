@@ -71,7 +71,9 @@ def format_list(positions: Iterable[Position]) -> str:
 def parse_bookmark(text: str) -> Bookmark:
     """Parse any bookmark form; InvalidBookmark names what is wrong with the text."""
     if not isinstance(text, str) or not text.strip():
-        raise InvalidBookmark("empty bookmark: expected 0, 0|1|, a timestamp or topic|partition|offset|")
+        raise InvalidBookmark(
+            "empty bookmark: expected 0, 0|1|, a timestamp or topic|partition|offset|"
+        )
     items = [item.strip() for item in text.split(",")]
     if len(items) == 1:
         return _parse_one(items[0])
@@ -80,7 +82,8 @@ def parse_bookmark(text: str) -> Bookmark:
         return Epoch  # AMPS begins at the oldest bookmark in a list
     if not all(isinstance(p, Position) for p in parsed):
         raise InvalidBookmark(
-            f"bookmark list {text!r}: a list may hold only message bookmarks (topic|partition|offset|)"
+            f"bookmark list {text!r}: a list may hold only message bookmarks "
+            "(topic|partition|offset|)"
         )
     return tuple(parsed)  # type: ignore[arg-type]
 
@@ -206,7 +209,9 @@ def _check_position(position: Position, marks: Mapping[TP, Watermarks], text: st
     return tp
 
 
-def _offsets_for_time(consumer: Consumer, marks: Mapping[TP, Watermarks], millis: int) -> dict[TP, int]:
+def _offsets_for_time(
+    consumer: Consumer, marks: Mapping[TP, Watermarks], millis: int
+) -> dict[TP, int]:
     query = [TopicPartition(t, p, millis) for t, p in marks]
     if not query:
         return {}

@@ -46,12 +46,17 @@ class KeyExtractor:
         self._parts = [split_path(p) for p in self.paths]
 
     def __call__(self, data: Any) -> str:
-        texts = []
+        values = []
         for path, parts in zip(self.paths, self._parts, strict=True):
             value = field_at(data, parts)
             if value is None or value == "":
                 raise MessageError(f"message has no value for the SOW key field {path}")
-            texts.append(key_text(value))
-        if len(texts) == 1:
-            return texts[0]
-        return orjson.dumps(texts).decode()
+            values.append(value)
+        return key_from_values(values)
+
+
+def key_from_values(values: Sequence[Any]) -> str:
+    """The SOW key of a record whose key fields hold these values, in Key path order."""
+    if len(values) == 1:
+        return key_text(values[0])
+    return orjson.dumps([key_text(v) for v in values]).decode()

@@ -14,7 +14,17 @@ from amps_on_kafka.log.envelope import Envelope
 
 
 class LogMessage:
-    __slots__ = ("_data", "_envelope", "codec", "headers", "offset", "partition", "raw", "timestamp", "topic")
+    __slots__ = (
+        "_data",
+        "_envelope",
+        "codec",
+        "headers",
+        "offset",
+        "partition",
+        "raw",
+        "timestamp",
+        "topic",
+    )
 
     command_kind = "message"
 

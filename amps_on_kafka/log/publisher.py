@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
@@ -83,7 +83,9 @@ class LogPublisher:
         value, document = encode_payload(spec.codec, data)
         key = self._sow_key(spec, document, sow_key)
         if expiration is not None and expiration < 0:
-            raise MessageError(f"expiration must be 0 (never) or a positive number of seconds, got {expiration}")
+            raise MessageError(
+                f"expiration must be 0 (never) or a positive number of seconds, got {expiration}"
+            )
         envelope = Envelope(
             command=command,
             sow_key=key,
@@ -105,30 +107,59 @@ class LogPublisher:
         data: Any = None,
         correlation_id: str | None = None,
         on_persisted: Persisted | None = None,
-    ) -> int:
-        """Produce a sow_delete by filter, by SOW keys or by data (exactly one of them)."""
-        given = [name for name, v in (("filter", filter), ("keys", keys), ("data", data)) if v is not None]
+    ) -> list[int]:
+        """Produce a sow_delete by filter, by SOW keys or by data (exactly one of them).
+
+        The records go where the state lives: a delete by filter to every partition, a
+        delete by keys one record per key, routed by the key like the publishes it
+        deletes. Returns the sequence of every record written.
+        """
+        given = [
+            name
+            for name, v in (("filter", filter), ("keys", keys), ("data", data))
+            if v is not None
+        ]
         if len(given) != 1:
-            raise MessageError(f"sow_delete takes exactly one of filter, keys or data (got {given or 'none'})")
+            raise MessageError(
+                f"sow_delete takes exactly one of filter, keys or data (got {given or 'none'})"
+            )
         spec = self.spec(topic)
-        value, key, sow_keys = None, None, None
-        if data is not None:
-            value, document = encode_payload(spec.codec, data)
-            key = self._sow_key(spec, document, None)
-        elif keys is not None:
-            sow_keys = tuple(str(k) for k in keys)
-        envelope = Envelope(
-            command=Command.SOW_DELETE,
-            sow_key=key,
-            publisher_id=self.publisher_id,
-            sequence=self._next_sequence(),
-            correlation_id=correlation_id,
-            message_type=spec.message_type,
-            filter=filter,
-            sow_keys=sow_keys,
+        common = {"correlation_id": correlation_id, "message_type": spec.message_type}
+        if filter is not None:
+            return [
+                self._delete_record(
+                    topic, None, None, Envelope(filter=filter, **common), on_persisted, partition
+                )
+                for partition in range(spec.partitions)
+            ]
+        if keys is not None:
+            return [
+                self._delete_record(
+                    topic, key, None, Envelope(sow_keys=(key,), **common), on_persisted
+                )
+                for key in (str(k) for k in keys)
+            ]
+        value, document = encode_payload(spec.codec, data)
+        key = self._sow_key(spec, document, None)
+        return [
+            self._delete_record(topic, key, value, Envelope(sow_key=key, **common), on_persisted)
+        ]
+
+    def _delete_record(
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes | None,
+        envelope: Envelope,
+        on_persisted: Persisted | None,
+        partition: int | None = None,
+    ) -> int:
+        sequence = self._next_sequence()
+        stamped = replace(
+            envelope, command=Command.SOW_DELETE, publisher_id=self.publisher_id, sequence=sequence
         )
-        self._produce(topic, key, value, envelope, on_persisted)
-        return envelope.sequence  # type: ignore[return-value]
+        self._produce(topic, key, value, stamped, on_persisted, partition)
+        return sequence
 
     def _sow_key(self, spec: TopicSpec, document: Any, explicit: str | None) -> str | None:
         if explicit is not None:
@@ -140,7 +171,9 @@ class LogPublisher:
             return explicit
         if spec.key_extractor is None:
             if spec.key_from_publish:
-                raise MessageError(f"topic {spec.name!r} needs an explicit sow key on every publish")
+                raise MessageError(
+                    f"topic {spec.name!r} needs an explicit sow key on every publish"
+                )
             return None
         return spec.key_extractor(document)
 
@@ -149,13 +182,26 @@ class LogPublisher:
             self._sequence += 1
             return self._sequence
 
-    def _produce(self, topic: str, key: str | None, value: bytes | None, envelope: Envelope, on_persisted: Persisted | None) -> None:
-        callback = self._delivered if on_persisted is None else _chain(self._delivered, on_persisted)
+    def _produce(
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes | None,
+        envelope: Envelope,
+        on_persisted: Persisted | None,
+        partition: int | None = None,
+    ) -> None:
+        callback = (
+            self._delivered if on_persisted is None else _chain(self._delivered, on_persisted)
+        )
         headers = envelope.to_headers()
         raw_key = key.encode() if key is not None else None
+        extra = {} if partition is None else {"partition": partition}
         while True:
             try:
-                self._producer.produce(topic, value, raw_key, headers=headers, on_delivery=callback)
+                self._producer.produce(
+                    topic, value, raw_key, headers=headers, on_delivery=callback, **extra
+                )
                 break
             except BufferError:
                 self._producer.poll(0.05)  # the local queue is full: let deliveries drain
@@ -187,13 +233,17 @@ class LogPublisher:
                 f"sequence {first.sequence}: {first.reason}"
             )
         if remaining:
-            raise PublishError(f"{remaining} publish(es) not yet acknowledged by Kafka after {timeout}s")
+            raise PublishError(
+                f"{remaining} publish(es) not yet acknowledged by Kafka after {timeout}s"
+            )
 
     def close(self, timeout: float = 10.0) -> None:
         self.flush(timeout)
 
 
-def _chain(first: Callable[..., None], second: Persisted) -> Callable[[KafkaError | None, Message], None]:
+def _chain(
+    first: Callable[..., None], second: Persisted
+) -> Callable[[KafkaError | None, Message], None]:
     def both(error: KafkaError | None, message: Message) -> None:
         first(error, message)
         second(PublishError(error.str()) if error is not None else None, message)

@@ -21,7 +21,13 @@ from confluent_kafka.admin import NewTopic
 
 from amps_on_kafka.errors import MessageError, TransportError
 from amps_on_kafka.log.codecs import Codec, codec_for
-from amps_on_kafka.log.kafka import METADATA_TIMEOUT, admin_client, log_producer, partitions_of, reader
+from amps_on_kafka.log.kafka import (
+    METADATA_TIMEOUT,
+    admin_client,
+    log_producer,
+    partitions_of,
+    reader,
+)
 from amps_on_kafka.log.keys import KeyExtractor
 
 REGISTRY_TOPIC = "_amps_topics"

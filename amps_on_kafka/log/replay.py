@@ -40,7 +40,9 @@ def select_topics(client, pattern: str) -> list[str]:
     try:
         regex = re.compile(pattern)
     except re.error as exc:
-        raise UnknownTopic(f"topic pattern {pattern!r} is not a valid regular expression: {exc}") from exc
+        raise UnknownTopic(
+            f"topic pattern {pattern!r} is not a valid regular expression: {exc}"
+        ) from exc
     matched = [name for name in topic_names(client) if regex.fullmatch(name)]
     if not matched:
         raise UnknownTopic(f"no topic matches the pattern {pattern!r}")
@@ -80,7 +82,9 @@ class Replay:
         registry = registry or TopicRegistry(bootstrap)
         self.topics = select_topics(self._consumer, topic)
         self._codecs = {name: registry.spec(name).codec for name in self.topics}
-        partitions = [(name, p) for name in self.topics for p in partitions_of(self._consumer, name)]
+        partitions = [
+            (name, p) for name in self.topics for p in partitions_of(self._consumer, name)
+        ]
         marks = watermarks(self._consumer, partitions)
         text = bookmark if isinstance(bookmark, str) else str(bookmark)
         parsed = parse_bookmark(bookmark) if isinstance(bookmark, str) else bookmark
@@ -128,7 +132,12 @@ class Replay:
                 return
 
     def _deliver(self, records) -> Iterator[LogMessage | Completed]:
-        predicate, codecs, positions, stops = self.predicate, self._codecs, self._positions, self.stops
+        predicate, codecs, positions, stops = (
+            self.predicate,
+            self._codecs,
+            self._positions,
+            self.stops,
+        )
         for record in records:
             if record.error():
                 _raise_consumer_error(record.error())
@@ -138,7 +147,13 @@ class Replay:
                 continue
             positions[tp] = offset + 1
             message = LogMessage(
-                tp[0], tp[1], offset, record.timestamp()[1], record.value(), record.headers(), codecs[tp[0]]
+                tp[0],
+                tp[1],
+                offset,
+                record.timestamp()[1],
+                record.value(),
+                record.headers(),
+                codecs[tp[0]],
             )
             if predicate is None or _matches(predicate, message):
                 yield message
@@ -178,5 +193,7 @@ def _raise_consumer_error(error: KafkaError) -> None:
     if error.code() == KafkaError._PARTITION_EOF:
         return
     if error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-        raise InvalidBookmark(f"the replay position left the log (retention removed it): {error.str()}")
+        raise InvalidBookmark(
+            f"the replay position left the log (retention removed it): {error.str()}"
+        )
     raise TransportError(f"reading the log failed: {error.str()}")

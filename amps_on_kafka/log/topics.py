@@ -47,7 +47,9 @@ def _read_schema(topic: TopicConfig) -> dict:
     try:
         return orjson.loads(topic.schema_path.read_bytes())  # type: ignore[union-attr]
     except (OSError, orjson.JSONDecodeError) as exc:
-        raise ConfigError(f"topic {topic.name}: can't read Avro schema {topic.schema_path}: {exc}") from exc
+        raise ConfigError(
+            f"topic {topic.name}: can't read Avro schema {topic.schema_path}: {exc}"
+        ) from exc
 
 
 def create_log_topics(
@@ -74,7 +76,9 @@ def create_log_topics(
     return results
 
 
-def create_from_config(admin: AdminClient, registry: TopicRegistry, config: Config) -> list[Created]:
+def create_from_config(
+    admin: AdminClient, registry: TopicRegistry, config: Config
+) -> list[Created]:
     return create_log_topics(
         admin,
         registry,

@@ -31,8 +31,14 @@ def test_the_shipped_example_loads():
         ("Topics:\n  - Name: orders\n    Partitions: many\n", "Topics[0].Partitions"),
         ("Topics:\n  - Name: 'a|b'\n", "Topics[0].Name"),
         ("Topics:\n  - Name: o\nSOW:\n  - Topic: o\n    Key: id\n", "SOW[0].Key"),
-        ("Topics:\n  - Name: o\nSOW:\n  - Topic: o\n    Key: /id\n    Expirtion: 30s\n", "SOW[0].Expirtion"),
-        ("Topics:\n  - Name: o\nSOW:\n  - Topic: o\n    Key: /id\n    Expiration: soon\n", "SOW[0].Expiration"),
+        (
+            "Topics:\n  - Name: o\nSOW:\n  - Topic: o\n    Key: /id\n    Expirtion: 30s\n",
+            "SOW[0].Expirtion",
+        ),
+        (
+            "Topics:\n  - Name: o\nSOW:\n  - Topic: o\n    Key: /id\n    Expiration: soon\n",
+            "SOW[0].Expiration",
+        ),
         ("Topics:\n  - Name: o\nSOW:\n  - Topic: p\n    Key: /id\n", "SOW topic 'p'"),
         ("Topics:\n  - Name: o\n    MessageType: avro\n", "needs a Schema"),
         ("Topics: [\n", "not valid YAML"),
@@ -54,7 +60,16 @@ def test_a_missing_file_is_a_config_error(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("500ms", 0.5), ("30s", 30), ("5m", 300), ("1h", 3600), ("1d", 86400), ("2w", 1209600), ("45", 45), (7, 7)],
+    [
+        ("500ms", 0.5),
+        ("30s", 30),
+        ("5m", 300),
+        ("1h", 3600),
+        ("1d", 86400),
+        ("2w", 1209600),
+        ("45", 45),
+        (7, 7),
+    ],
 )
 def test_amps_durations(text, seconds):
     assert parse_duration(text) == seconds

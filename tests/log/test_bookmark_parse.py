@@ -31,7 +31,9 @@ def test_timestamps_are_utc_with_an_optional_z():
     assert parse_bookmark("20150102T123500Z") == Moment(1420202100000)
 
 
-@pytest.mark.parametrize("text", ["20150102T123500+01", "20151302T123500", "20150102 123500", "2015-01-02T12:35:00Z"])
+@pytest.mark.parametrize(
+    "text", ["20150102T123500+01", "20151302T123500", "20150102 123500", "2015-01-02T12:35:00Z"]
+)
 def test_only_the_amps_timestamp_form_with_z_is_accepted(text):
     with pytest.raises(InvalidBookmark):
         parse_bookmark(text)
@@ -39,7 +41,10 @@ def test_only_the_amps_timestamp_form_with_z_is_accepted(text):
 
 @given(positions)
 def test_a_message_bookmark_round_trips(position):
-    assert parse_bookmark(format_bookmark(position.topic, position.partition, position.offset)) == position
+    assert (
+        parse_bookmark(format_bookmark(position.topic, position.partition, position.offset))
+        == position
+    )
 
 
 @given(st.lists(positions, min_size=2, max_size=6))
@@ -51,7 +56,19 @@ def test_a_list_holding_epoch_begins_at_epoch():
     assert parse_bookmark("orders|0|5|,0") is Epoch
 
 
-@pytest.mark.parametrize("text", ["", "  ", "orders|0|5", "orders|x|5|", "or|ders|0|1|", "orders|0|-1|", "bogus", "orders|0|5|,0|1|"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "  ",
+        "orders|0|5",
+        "orders|x|5|",
+        "or|ders|0|1|",
+        "orders|0|-1|",
+        "bogus",
+        "orders|0|5|,0|1|",
+    ],
+)
 def test_malformed_bookmarks_are_invalid_bookmark_errors(text):
     with pytest.raises(InvalidBookmark):
         parse_bookmark(text)

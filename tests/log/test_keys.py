@@ -24,7 +24,10 @@ def test_a_message_missing_its_key_field_is_rejected_with_the_path(document):
         KeyExtractor(["/id"])(document)
 
 
-@given(st.tuples(st.text(min_size=1), st.text(min_size=1)), st.tuples(st.text(min_size=1), st.text(min_size=1)))
+@given(
+    st.tuples(st.text(min_size=1), st.text(min_size=1)),
+    st.tuples(st.text(min_size=1), st.text(min_size=1)),
+)
 def test_composite_keys_collide_only_when_every_field_is_equal(a, b):
     extract = KeyExtractor(["/a", "/b"])
     same = extract({"a": a[0], "b": a[1]}) == extract({"a": b[0], "b": b[1]})

@@ -158,7 +158,9 @@ def test_a_topic_regex_replays_several_topics(client, topic_factory):
         (lambda t: "20150102T123500+01", "malformed bookmark"),
     ],
 )
-def test_bad_bookmarks_are_clear_errors_before_any_message(client, orders, make_bookmark, complaint):
+def test_bad_bookmarks_are_clear_errors_before_any_message(
+    client, orders, make_bookmark, complaint
+):
     with pytest.raises(InvalidBookmark, match=complaint):
         client.bookmark_subscribe(orders, make_bookmark(orders))
 
@@ -177,7 +179,12 @@ def test_a_bookmark_that_retention_removed_is_an_error(client, bootstrap, topic_
         future.result(10)
     with pytest.raises(InvalidBookmark, match="retention removed"):
         client.bookmark_subscribe(topic, f"{topic}|0|2|")
-    assert [m.offset for m in drain(client.bookmark_subscribe(topic, f"{topic}|0|5|"))] == [6, 7, 8, 9]
+    assert [m.offset for m in drain(client.bookmark_subscribe(topic, f"{topic}|0|5|"))] == [
+        6,
+        7,
+        8,
+        9,
+    ]
     assert [m.offset for m in drain(client.bookmark_subscribe(topic, "0"))] == [6, 7, 8, 9]
 
 

@@ -1,0 +1,43 @@
+"""Is a Kafka broker answering? Asked through the admin client, never by reading a log.
+
+A metadata request that lists at least one broker means the listener is up and the broker
+has caught up with the controller: exactly what a client needs before it can work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+_PROBE_CONFIG = {
+    # Retry a refused connection quickly instead of librdkafka's backoff of up to 10 s.
+    "reconnect.backoff.ms": 100,
+    "reconnect.backoff.max.ms": 500,
+    # "Connection refused" is expected while the broker starts; don't print it.
+    "log_level": 0,
+}
+
+
+def answers(bootstrap: str, timeout: float = 2.0) -> bool:
+    """Whether a broker at ``bootstrap`` answers a metadata request within ``timeout``."""
+    return await_answer(bootstrap, timeout, alive=lambda: True)
+
+
+def await_answer(bootstrap: str, timeout: float, *, alive: Callable[[], bool]) -> bool:
+    """Ask for metadata until the broker answers (True), ``alive()`` is False or time is up.
+
+    Each request waits at most one second, so a broker process that dies is noticed
+    within about a second.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap, **_PROBE_CONFIG})
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0 and alive():
+        try:
+            if admin.list_topics(timeout=min(1.0, remaining)).brokers:
+                return True
+        except KafkaException:
+            continue
+    return False

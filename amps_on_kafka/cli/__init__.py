@@ -1,0 +1,21 @@
+"""The `amps-kafka` command: one click group, one module per family of sub-commands."""
+
+from __future__ import annotations
+
+import click
+
+from amps_on_kafka.cli.bookmark import bookmark
+from amps_on_kafka.cli.broker import broker
+from amps_on_kafka.cli.publish import publish
+from amps_on_kafka.cli.replay import replay
+from amps_on_kafka.cli.topics import topics
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="amps_on_kafka")
+def main() -> None:
+    """AMPS-style messaging semantics on Apache Kafka."""
+
+
+for command in (broker, topics, publish, replay, bookmark):
+    main.add_command(command)

@@ -1,0 +1,75 @@
+"""``amps-kafka broker``: run the local single-node Kafka broker.
+
+``status`` prints the bootstrap address as its last line so scripts can take it with
+``tail -1``; when no broker runs it prints ``not running`` and exits with status 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from amps_on_kafka.broker import LocalBroker, fetch_jars
+from amps_on_kafka.broker.local import DEFAULT_PORT
+from amps_on_kafka.cli.common import reports_errors
+
+_data_dir_option = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Broker data directory "
+    "[default: $AMPS_KAFKA_HOME or ~/.local/share/amps_on_kafka/broker].",
+)
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@click.group()
+def broker() -> None:
+    """Run a local Apache Kafka broker (single-node KRaft, from Kafka's own jars)."""
+
+
+@broker.command()
+@reports_errors
+def fetch() -> None:
+    """Fetch Kafka's jars with Maven into the cache (once); print the jar directory."""
+    click.echo(fetch_jars(echo=_progress))
+
+
+@broker.command()
+@_data_dir_option
+@click.option(
+    "--port",
+    type=int,
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Client port on 127.0.0.1; the controller listens on PORT+1.",
+)
+@reports_errors
+def start(data_dir: Path | None, port: int) -> None:
+    """Start the broker unless it already runs; print its bootstrap address."""
+    click.echo(LocalBroker(data_dir, port=port, echo=_progress).start())
+
+
+@broker.command()
+@_data_dir_option
+@reports_errors
+def stop(data_dir: Path | None) -> None:
+    """Stop the broker (SIGTERM, SIGKILL after 30 s); does nothing if none runs."""
+    click.echo("stopped" if LocalBroker(data_dir).stop() else "not running")
+
+
+@broker.command()
+@_data_dir_option
+@click.pass_context
+def status(ctx: click.Context, data_dir: Path | None) -> None:
+    """Print pid and data directory, then the bootstrap address; exit 1 if not running."""
+    current = LocalBroker(data_dir).status()
+    if not current.running:
+        click.echo("not running")
+        ctx.exit(1)
+    click.echo(f"running: pid {current.pid}, data in {current.data_dir}")
+    click.echo(current.bootstrap)

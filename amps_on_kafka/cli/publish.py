@@ -1,0 +1,36 @@
+"""`amps-kafka publish`: publish one message, or JSON lines from stdin."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from amps_on_kafka.cli.common import bootstrap_option, cli_client_name, kafka, reports_errors
+from amps_on_kafka.client import Client
+
+
+@click.command()
+@click.argument("topic")
+@click.argument("data", required=False)
+@click.option(
+    "--expiration", type=float, default=None, help="Seconds until the record expires (0 = never)."
+)
+@click.option("--delta", is_flag=True, help="delta_publish instead of publish.")
+@bootstrap_option
+@reports_errors
+def publish(topic, data, expiration, delta, bootstrap) -> None:
+    """Publish DATA to TOPIC, or one message per line of stdin when DATA is absent.
+
+    Exits once Kafka has persisted every message (acks=all).
+    """
+    lines = [data] if data is not None else (line for line in sys.stdin if line.strip())
+    with Client(cli_client_name("publish")) as client:
+        client.connect(f"kafka://{kafka(bootstrap)}")
+        send = client.delta_publish if delta else client.publish
+        count = 0
+        for line in lines:
+            send(topic, line.strip(), expiration)
+            count += 1
+        client.publish_flush()
+    click.echo(f"published {count} message(s) to {topic}", err=True)

@@ -1,0 +1,167 @@
+"""The SOW engine: the worker's state as the gateway sees it.
+
+The worker thread applies batches under `lock` and then calls every listener with a
+BatchApplied, still under the lock. A query takes the lock only to create its RocksDB
+iterators (each one an implicit snapshot) and, for sow_and_subscribe, to add its
+listener in the same moment: the snapshot and the live stream meet with no gap and no
+duplicate.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from amps_on_kafka.config import Config, SowConfig
+from amps_on_kafka.errors import MessageError, UnknownTopic
+from amps_on_kafka.expr import Filter, compile_expression
+from amps_on_kafka.log.keys import key_from_values
+from amps_on_kafka.state.events import BatchApplied
+from amps_on_kafka.state.record import SowRecord
+from amps_on_kafka.state.sow import SowRules
+from amps_on_kafka.state.store import PartitionStore
+
+Listener = Callable[[BatchApplied], None]
+
+
+@dataclass
+class QueryResult:
+    records: list[SowRecord]
+    matches: int  # records that matched, before top_n
+
+
+class SowEngine:
+    def __init__(
+        self, config: Config, rules: dict[str, SowRules], clock: Callable[[], int]
+    ) -> None:
+        self.config = config
+        self.rules = rules
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.ready = threading.Event()  # set once startup expiry of the first assignment ran
+        self._stores: dict[tuple[str, int], PartitionStore] = {}
+        self._listeners: list[Listener] = []
+
+    # -- topics -----------------------------------------------------------------
+    def sow_config(self, topic: str) -> SowConfig:
+        sow = self.config.sow_for(topic)
+        if sow is None:
+            raise UnknownTopic(f"{topic!r} is not a SOW topic of this worker")
+        return sow
+
+    def is_sow_topic(self, topic: str) -> bool:
+        return self.config.sow_for(topic) is not None
+
+    def partitions(self, topic: str) -> list[int]:
+        """The partitions of a topic this worker owns now (others live on other workers)."""
+        with self.lock:
+            return sorted(p for t, p in self._stores if t == topic)
+
+    # -- the worker's side --------------------------------------------------------
+    def attach(self, store: PartitionStore) -> None:
+        with self.lock:
+            self._stores[(store.topic, store.partition)] = store
+
+    def detach(self, topic: str, partition: int) -> PartitionStore | None:
+        with self.lock:
+            return self._stores.pop((topic, partition), None)
+
+    def store(self, topic: str, partition: int) -> PartitionStore | None:
+        return self._stores.get((topic, partition))
+
+    def stores(self) -> list[PartitionStore]:
+        with self.lock:
+            return list(self._stores.values())
+
+    def notify(self, applied: BatchApplied) -> None:
+        """Called by the worker under the lock, after the batch is durable."""
+        for listener in list(self._listeners):
+            listener(applied)
+
+    # -- the gateway's side -------------------------------------------------------
+    def add_listener(self, listener: Listener) -> None:
+        with self.lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        with self.lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def query(
+        self,
+        topic: str,
+        filter: Filter | None = None,
+        *,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        listener: Listener | None = None,
+    ) -> QueryResult:
+        """The records of a SOW topic that match, as of one consistent moment.
+
+        A filter that pins every Key path is answered by point lookups. With `listener`,
+        the listener is added in the same moment the snapshot is taken.
+        """
+        sow = self.sow_config(topic)
+        rules = self.rules[topic]
+        with self.lock:
+            sources = [self._source(store, filter, sow) for store in self._owned(topic)]
+            if listener is not None:
+                self._listeners.append(listener)
+            now = self.clock()
+        records = [
+            r
+            for source in sources
+            for r in source
+            if not rules.is_expired(r, now) and (filter is None or _matches(filter, r))
+        ]
+        matches = len(records)
+        if order_by:
+            records = _ordered(records, order_by)
+        if top_n is not None:
+            records = records[:top_n]
+        return QueryResult(records, matches)
+
+    def _owned(self, topic: str) -> list[PartitionStore]:
+        return [s for (t, _), s in sorted(self._stores.items()) if t == topic]
+
+    @staticmethod
+    def _source(
+        store: PartitionStore, filter: Filter | None, sow: SowConfig
+    ) -> Iterator[SowRecord]:
+        pinned = filter.equalities(list(sow.key)) if filter is not None else None
+        if pinned is not None:
+            return iter(store.get_many(key_from_values(values) for values in pinned))
+        return store.scan()
+
+
+def _matches(filter: Filter, record: SowRecord) -> bool:
+    try:
+        return filter.matches(record.data)
+    except MessageError:  # a payload that no longer decodes can't match
+        return False
+
+
+def _ordered(records: list[SowRecord], order_by: str) -> list[SowRecord]:
+    """`/a DESC, /b` orders by each expression in turn; NULLs sort last either way."""
+    for term in reversed([t.strip() for t in order_by.split(",") if t.strip()]):
+        words = term.split()
+        descending = len(words) > 1 and words[-1].upper() == "DESC"
+        if len(words) > 1 and words[-1].upper() in ("ASC", "DESC"):
+            words = words[:-1]
+        expression = compile_expression(" ".join(words))
+        present = [(expression.evaluate(r.data), r) for r in records]
+        valued = [p for p in present if p[0] is not None]
+        nulls = [r for v, r in present if v is None]
+        valued.sort(key=lambda p: _sort_key(p[0]), reverse=descending)
+        records = [r for _, r in valued] + nulls
+    return records
+
+
+def _sort_key(value: object) -> tuple[int, object]:
+    return (
+        (0, value)
+        if isinstance(value, int | float) and not isinstance(value, bool)
+        else (1, str(value))
+    )

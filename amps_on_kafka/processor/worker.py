@@ -1,0 +1,276 @@
+"""The processor worker: consumes the SOW topics' log and keeps their state in RocksDB.
+
+One thread runs the loop: consume a batch, apply it partition by partition with the
+SOW rules, write each partition's changes and its next offset in one WriteBatch, tell
+the listeners (the gateway), then expire what is due. Partitions come and go with the
+Kafka consumer group: an assigned partition opens its store and resumes at the offset
+stored in it (or rebuilds from the start of the log when there is none); a revoked one
+is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from amps_on_kafka.config import Config
+from amps_on_kafka.errors import TransportError
+from amps_on_kafka.log.kafka import log_producer
+from amps_on_kafka.log.message import LogMessage
+from amps_on_kafka.log.topics import spec_from_config
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.state.events import BatchApplied, CommandResult
+from amps_on_kafka.state.sow import Applied, SowRules
+from amps_on_kafka.state.store import PartitionStore, StateBatch, store_path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GROUP = "amps-kafka-workers"
+BATCH_SIZE = 5000
+MAX_IDLE_WAIT = 0.05  # seconds: bounds expiration lag when no records arrive
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Worker:
+    """A worker for the SOW topics of one configuration."""
+
+    def __init__(
+        self,
+        config: Config,
+        bootstrap: str,
+        state_dir: str | Path,
+        *,
+        group_id: str | None = None,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.config = config
+        self.bootstrap = bootstrap
+        self.state_dir = Path(state_dir)
+        self.group_id = group_id or DEFAULT_GROUP
+        self.clock = clock
+        self.rules = {
+            sow.topic: SowRules(sow, spec_from_config(config, config.topic(sow.topic)).codec)  # type: ignore[arg-type]
+            for sow in config.sow
+        }
+        self.engine = SowEngine(config, self.rules, clock)
+        self.rejected = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dead_letters = None
+        self._failure: BaseException | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the loop in a background thread (the CLI runs it in the foreground)."""
+        self._thread = threading.Thread(target=self._run_guarded, name="amps-worker", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the first assignment is open and its expirations are processed."""
+        deadline = time.monotonic() + timeout
+        while not self.engine.ready.wait(0.05):
+            if self._failure is not None:
+                raise TransportError(f"worker failed: {self._failure}") from self._failure
+            if time.monotonic() > deadline:
+                raise TransportError(f"worker not ready after {timeout}s (no partitions assigned)")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run_guarded(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:
+            self._failure = exc
+            log.exception("worker loop failed")
+            raise
+
+    def run(self) -> None:
+        consumer = self._consumer()
+        try:
+            consumer.subscribe(
+                list(self.rules),
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_revoke,
+            )
+            while not self._stop.is_set():
+                records = consumer.consume(BATCH_SIZE, timeout=self._wait_time())
+                if records:
+                    self._apply(records)
+                self._expire_due()
+        finally:
+            consumer.close()  # revokes, which closes every store
+            if self._dead_letters is not None:
+                self._dead_letters.flush(10)
+
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group_id,
+                "client.id": f"amps-worker-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "fetch.wait.max.ms": 50,
+                "queued.min.messages": 100_000,
+            }
+        )
+
+    # -- partitions ---------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            store = self._open(tp.topic, tp.partition)
+            stored = store.next_offset()
+            tp.offset = stored if stored is not None else OFFSET_BEGINNING
+            log.info(
+                "assigned %s|%s, resuming at %s",
+                tp.topic,
+                tp.partition,
+                stored if stored is not None else "the start of the log",
+            )
+        consumer.incremental_assign(partitions)
+        self.engine.ready.set()
+
+    def _open(self, topic: str, partition: int) -> PartitionStore:
+        rules = self.rules[topic]
+        store = PartitionStore(
+            store_path(self.state_dir, topic, partition), topic, partition, rules.codec
+        )
+        self._expire_store(store, rules)  # seed 000: expirations due at startup go first
+        self.engine.attach(store)
+        return store
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            store = self.engine.detach(tp.topic, tp.partition)
+            if store is not None:
+                store.close()
+                log.info("revoked %s|%s", tp.topic, tp.partition)
+
+    # -- applying the log -------------------------------------------------------------
+    def _apply(self, records: list[Message]) -> None:
+        by_partition: dict[tuple[str, int], list[Message]] = defaultdict(list)
+        for record in records:
+            if record.error():
+                self._consumer_error(record.error())
+                continue
+            by_partition[(record.topic(), record.partition())].append(record)
+        for (topic, partition), batch in by_partition.items():
+            store = self.engine.store(topic, partition)
+            if store is not None:
+                self._apply_partition(store, self.rules[topic], batch)
+
+    def _apply_partition(
+        self, store: PartitionStore, rules: SowRules, records: list[Message]
+    ) -> None:
+        topic, partition, codec = store.topic, store.partition, rules.codec
+        messages = [
+            LogMessage(
+                topic, partition, r.offset(), r.timestamp()[1], r.value(), r.headers(), codec
+            )
+            for r in records
+        ]
+        state = StateBatch(store)
+        state.prefetch(_keys_of(rules, messages))
+        applied = Applied()
+        for message in messages:
+            rules.apply(state, message, applied)
+        state.next_offset = messages[-1].offset + 1
+        with self.engine.lock:
+            store.write(state)
+            self.engine.notify(BatchApplied(applied.changes, applied.results))
+        self._report_rejections(applied.results, messages)
+
+    def _report_rejections(self, results: list[CommandResult], messages: list[LogMessage]) -> None:
+        rejected = [r for r in results if r.error is not None]
+        if not rejected:
+            return
+        by_offset = {m.offset: m for m in messages}
+        for result in rejected:
+            self.rejected += 1
+            bookmark = f"{result.topic}|{result.partition}|{result.offset}|"
+            log.warning("skipped record %s: %s", bookmark, result.error)
+            self._dead_letter(by_offset[result.offset], bookmark, result.error)  # type: ignore[arg-type]
+
+    def _dead_letter(self, message: LogMessage, bookmark: str, reason: str) -> None:
+        target = self.config.sow_for(message.topic).dead_letter_topic  # type: ignore[union-attr]
+        if target is None:
+            return
+        if self._dead_letters is None:
+            self._dead_letters = log_producer(self.bootstrap)
+        headers = [
+            *(message.headers or []),
+            ("reason", reason.encode()),
+            ("source", bookmark.encode()),
+        ]
+        self._dead_letters.produce(target, message.raw, headers=headers)
+        self._dead_letters.poll(0)
+
+    def _consumer_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("consumer error: %s", error.str())
+
+    # -- expiration -------------------------------------------------------------------
+    def _wait_time(self) -> float:
+        next_due = min(
+            (d for d in (s.next_deadline() for s in self.engine.stores()) if d is not None),
+            default=None,
+        )
+        if next_due is None:
+            return MAX_IDLE_WAIT
+        return max(0.0, min(MAX_IDLE_WAIT, (next_due - self.clock()) / 1000))
+
+    def _expire_due(self) -> None:
+        for store in self.engine.stores():
+            self._expire_store(store, self.rules[store.topic])
+
+    def _expire_store(self, store: PartitionStore, rules: SowRules) -> None:
+        if not rules.expiring:
+            return
+        now = self.clock()
+        keys = store.due(now)
+        if not keys:
+            return
+        state = StateBatch(store)
+        state.prefetch(keys)
+        changes = [c for c in (rules.expire(state, key, now) for key in keys) if c is not None]
+        with self.engine.lock:
+            store.write(state)
+            self.engine.notify(BatchApplied(changes, []))
+
+
+def _keys_of(rules: SowRules, messages: list[LogMessage]) -> list[str]:
+    """The keys a batch will touch, for one multi-get; undecodable records are left out."""
+    keys = []
+    for message in messages:
+        try:
+            envelope = message.envelope
+            if envelope.sow_keys is not None:
+                keys.extend(envelope.sow_keys)
+            elif envelope.filter is None:
+                keys.append(rules.key_of(message, envelope))
+        except Exception:
+            continue
+    return keys

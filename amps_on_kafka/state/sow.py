@@ -1,0 +1,189 @@
+"""The SOW rules: how each log record changes the State of the World.
+
+These functions are the single definition of publish, delta_publish, sow_delete and
+expiration. The worker applies them batch by batch; the Spark pipeline applies the very
+same functions to compute the SOW as of a past bookmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Protocol
+
+from amps_on_kafka.config import SowConfig
+from amps_on_kafka.errors import AmpsError, MessageError
+from amps_on_kafka.expr import Filter, compile_filter
+from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.log.envelope import Command, Envelope
+from amps_on_kafka.log.keys import KeyExtractor
+from amps_on_kafka.log.message import LogMessage
+from amps_on_kafka.state.events import Change, ChangeKind, CommandResult
+from amps_on_kafka.state.record import NEVER, SowRecord
+
+
+class State(Protocol):
+    """What the rules read and write: a StateBatch in the worker, a dict in Spark."""
+
+    def get(self, sow_key: str) -> SowRecord | None: ...
+
+    def set(self, sow_key: str, record: SowRecord | None) -> None: ...
+
+    def current(self) -> Iterator[SowRecord]: ...
+
+
+@dataclass
+class Applied:
+    changes: list[Change] = field(default_factory=list)
+    results: list[CommandResult] = field(default_factory=list)
+
+
+class SowRules:
+    """The rules of one SOW topic, built once from its configuration."""
+
+    def __init__(self, sow: SowConfig, codec: Codec) -> None:
+        self.topic = sow.topic
+        self.codec = codec
+        self.keys = KeyExtractor(sow.key)
+        self.key_from_publish = sow.key_from_publish
+        self.expiring = sow.expiration.mode != "disabled"
+        self.default_expiration = sow.expiration.default_seconds
+
+    # -- expiration (seed 000) ------------------------------------------------------
+    def deadline(self, timestamp: int, expiration: float | None) -> int:
+        """The absolute deadline stored with a record, from its update's log timestamp.
+
+        The message's expiration overrides the topic default; 0 means never. With
+        expiration disabled the message's own expiration is still stored (and honoured
+        if expiration is enabled later), but no topic default applies.
+        """
+        if expiration is not None:
+            return NEVER if expiration == 0 else timestamp + round(expiration * 1000)
+        if self.default_expiration is not None:
+            return timestamp + round(self.default_expiration * 1000)
+        return NEVER
+
+    def is_expired(self, record: SowRecord, at: int) -> bool:
+        return self.expiring and record.expired_at(at)
+
+    def expire(self, state: State, sow_key: str, now: int) -> Change | None:
+        record = state.get(sow_key)
+        if record is None or not self.is_expired(record, now):
+            return None
+        state.set(sow_key, None)
+        return Change(self.topic, sow_key, ChangeKind.EXPIRE, record, None)
+
+    # -- applying log records ---------------------------------------------------------
+    def apply(self, state: State, message: LogMessage, out: Applied) -> None:
+        """Apply one record; a record invalid for this topic is rejected, never fatal."""
+        try:
+            envelope = message.envelope
+            if envelope.command is Command.SOW_DELETE:
+                deleted = self._delete(state, message, envelope, out)
+                out.results.append(_result(message, envelope, deleted=deleted))
+            else:
+                self._upsert(state, message, envelope, out)
+        except AmpsError as exc:
+            out.results.append(_result(message, _envelope_or_blank(message), error=exc.reason))
+
+    def key_of(self, message: LogMessage, envelope: Envelope) -> str:
+        if self.key_from_publish and envelope.sow_key is not None:
+            return envelope.sow_key
+        return self.keys(message.data)
+
+    def _upsert(self, state: State, message: LogMessage, envelope: Envelope, out: Applied) -> None:
+        data = message.data
+        key = self.key_of(message, envelope)
+        existing = self._live(state, key, message.timestamp, out)
+        payload = message.raw or b""
+        if envelope.command is Command.DELTA_PUBLISH and existing is not None:
+            payload = self._merge(existing, data)
+        record = SowRecord(
+            self.topic,
+            message.partition,
+            key,
+            payload,
+            message.offset,
+            message.timestamp,
+            self.deadline(message.timestamp, envelope.expiration),
+            self.codec,
+        )
+        state.set(key, record)
+        out.changes.append(Change(self.topic, key, ChangeKind.UPSERT, existing, record))
+
+    def _merge(self, existing: SowRecord, delta: Any) -> bytes:
+        """Fields present overwrite, new fields are added, nested values replace whole."""
+        base = existing.data
+        if not isinstance(base, dict) or not isinstance(delta, dict):
+            raise MessageError("delta_publish needs a document of fields on both sides")
+        return self.codec.encode({**base, **delta})
+
+    def _live(self, state: State, key: str, at: int, out: Applied) -> SowRecord | None:
+        """The stored record, unless its deadline passed before `at` (then it expires now).
+
+        This keeps the SOW a function of the log: a replay applies an update to an
+        expired record exactly as the live worker did, whenever its sweep ran.
+        """
+        record = state.get(key)
+        if record is not None and self.is_expired(record, at):
+            state.set(key, None)
+            out.changes.append(Change(self.topic, key, ChangeKind.EXPIRE, record, None))
+            return None
+        return record
+
+    def _delete(self, state: State, message: LogMessage, envelope: Envelope, out: Applied) -> int:
+        victims = self._victims(state, message, envelope, out)
+        for record in victims:
+            state.set(record.sow_key, None)
+            out.changes.append(Change(self.topic, record.sow_key, ChangeKind.DELETE, record, None))
+        return len(victims)
+
+    def _victims(
+        self, state: State, message: LogMessage, envelope: Envelope, out: Applied
+    ) -> list[SowRecord]:
+        at = message.timestamp
+        if envelope.filter is not None:
+            matcher = _compiled(envelope.filter)
+            candidates = [r for r in state.current() if _matches(matcher, r)]
+            return [r for r in candidates if self._live(state, r.sow_key, at, out) is not None]
+        if envelope.sow_keys is not None:
+            keys = envelope.sow_keys
+        else:
+            keys = (self.key_of(message, envelope),)
+        return [r for r in (self._live(state, k, at, out) for k in keys) if r is not None]
+
+
+@lru_cache(maxsize=256)
+def _compiled(text: str) -> Filter:
+    return compile_filter(text)
+
+
+def _matches(matcher: Filter, record: SowRecord) -> bool:
+    try:
+        return matcher.matches(record.data)
+    except MessageError:
+        return False
+
+
+def _envelope_or_blank(message: LogMessage) -> Envelope:
+    try:
+        return message.envelope
+    except MessageError:
+        return Envelope()
+
+
+def _result(
+    message: LogMessage, envelope: Envelope, *, deleted: int = 0, error: str | None = None
+) -> CommandResult:
+    return CommandResult(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        command=envelope.command.value,
+        publisher_id=envelope.publisher_id,
+        sequence=envelope.sequence,
+        correlation_id=envelope.correlation_id,
+        deleted=deleted,
+        error=error,
+    )

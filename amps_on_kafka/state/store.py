@@ -1,0 +1,180 @@
+"""One RocksDB per (topic, partition): the SOW, its expiry index and the consumed offset.
+
+Column families: `sow` (sow key → record), `expiry` (deadline + sow key → nothing, so a
+sweep reads only what is due, in deadline order) and `meta` (the next offset to consume).
+State and offset are written in ONE WriteBatch: after a crash the store holds exactly
+the effect of the records before its offset, so the worker resumes there with no loss
+and no double-applied delta.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.state.record import NEVER, SowRecord
+
+COLUMN_FAMILIES = ("sow", "expiry", "meta")
+_OFFSET_KEY = b"next_offset"
+_DEADLINE = struct.Struct(">q")
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    options.increase_parallelism(2)
+    return options
+
+
+def store_path(state_dir: Path, topic: str, partition: int) -> Path:
+    return Path(state_dir) / topic / str(partition)
+
+
+class StateBatch:
+    """The state changes of one batch of log records, read-your-writes, written at once.
+
+    Each touched key remembers the record stored before the batch (its expiry entry must
+    go) and the record after it (None when deleted).
+    """
+
+    def __init__(self, store: PartitionStore) -> None:
+        self.store = store
+        self.entries: dict[str, tuple[SowRecord | None, SowRecord | None]] = {}
+        self.next_offset: int | None = None
+
+    def prefetch(self, sow_keys: Iterable[str]) -> None:
+        """Read every key a batch will touch in one multi-get instead of one get each."""
+        wanted = [k for k in dict.fromkeys(sow_keys) if k not in self.entries]
+        found = {r.sow_key: r for r in self.store.get_many(wanted)}
+        for key in wanted:
+            record = found.get(key)
+            self.entries[key] = (record, record)
+
+    def get(self, sow_key: str) -> SowRecord | None:
+        entry = self.entries.get(sow_key)
+        if entry is None:
+            record = self.store.get(sow_key)
+            self.entries[sow_key] = (record, record)
+            return record
+        return entry[1]
+
+    def set(self, sow_key: str, record: SowRecord | None) -> None:
+        entry = self.entries.get(sow_key)
+        original = entry[0] if entry is not None else self.store.get(sow_key)
+        self.entries[sow_key] = (original, record)
+
+    def current(self) -> Iterator[SowRecord]:
+        """Every live record as of this point in the batch (for deletes by filter)."""
+        for record in self.store.scan():
+            if record.sow_key not in self.entries:
+                yield record
+        for _, record in list(self.entries.values()):
+            if record is not None:
+                yield record
+
+
+class PartitionStore:
+    """The state of one partition of one SOW topic."""
+
+    def __init__(self, path: Path, topic: str, partition: int, codec: Codec | None = None) -> None:
+        self.path = Path(path)
+        self.topic = topic
+        self.partition = partition
+        self.codec = codec
+        self.path.mkdir(parents=True, exist_ok=True)
+        cf_options = {name: Options(raw_mode=True) for name in COLUMN_FAMILIES}
+        self._db = Rdict(str(self.path), _options(), column_families=cf_options)
+        self._sow = self._db.get_column_family("sow")
+        self._expiry = self._db.get_column_family("expiry")
+        self._meta = self._db.get_column_family("meta")
+        self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+
+    # -- reading ---------------------------------------------------------------------
+    def next_offset(self) -> int | None:
+        raw = self._meta.get(_OFFSET_KEY)
+        return None if raw is None else _DEADLINE.unpack(raw)[0]
+
+    def get(self, sow_key: str) -> SowRecord | None:
+        raw = self._sow.get(sow_key.encode())
+        return None if raw is None else self._record(sow_key.encode(), raw)
+
+    def get_many(self, sow_keys: Iterable[str]) -> list[SowRecord]:
+        keys = [k.encode() for k in sow_keys]
+        if not keys:
+            return []
+        found = self._sow.get(keys)
+        return [self._record(k, raw) for k, raw in zip(keys, found, strict=True) if raw is not None]
+
+    def scan(self) -> Iterator[SowRecord]:
+        """Every record, in key order, as of this call (the iterator is the snapshot)."""
+        iterator = self._sow.iter()
+        iterator.seek_to_first()
+        return self._walk(iterator)
+
+    def _walk(self, iterator) -> Iterator[SowRecord]:
+        try:
+            while iterator.valid():
+                yield self._record(iterator.key(), iterator.value())
+                iterator.next()
+        finally:
+            del iterator
+
+    def count(self) -> int:
+        return sum(1 for _ in self._sow)
+
+    def due(self, now_ms: int, limit: int = 10_000) -> list[str]:
+        """Keys whose deadline is at or before now, earliest first."""
+        keys = []
+        for entry in self._expiry:
+            deadline = _DEADLINE.unpack_from(entry)[0]
+            if deadline > now_ms or len(keys) >= limit:
+                break
+            keys.append(entry[_DEADLINE.size :].decode())
+        return keys
+
+    def next_deadline(self) -> int | None:
+        for entry in self._expiry:
+            return _DEADLINE.unpack_from(entry)[0]
+        return None
+
+    def _record(self, key: bytes, raw: bytes) -> SowRecord:
+        return SowRecord.decode(self.topic, self.partition, key, raw, self.codec)
+
+    # -- writing ---------------------------------------------------------------------
+    def write(self, batch: StateBatch) -> None:
+        """Apply a batch and its offset atomically (one WriteBatch)."""
+        sow, expiry, meta = self._handles["sow"], self._handles["expiry"], self._handles["meta"]
+        writes = WriteBatch(raw_mode=True)
+        for key, (before, after) in batch.entries.items():
+            if before is after:
+                continue  # read, never changed
+            raw_key = key.encode()
+            if before is not None and before.deadline != NEVER:
+                writes.delete(_expiry_key(before.deadline, raw_key), expiry)
+            if after is None:
+                writes.delete(raw_key, sow)
+                continue
+            writes.put(raw_key, after.encode(), sow)
+            if after.deadline != NEVER:
+                writes.put(_expiry_key(after.deadline, raw_key), b"", expiry)
+        if batch.next_offset is not None:
+            writes.put(_OFFSET_KEY, _DEADLINE.pack(batch.next_offset), meta)
+        self._db.write(writes)
+
+    def close(self) -> None:
+        del self._sow, self._expiry, self._meta, self._handles
+        self._db.close()
+
+    @staticmethod
+    def destroy(path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _expiry_key(deadline: int, sow_key: bytes) -> bytes:
+    return _DEADLINE.pack(deadline) + sow_key

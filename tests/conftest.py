@@ -1,0 +1,78 @@
+"""Fixtures for the whole suite: one real Kafka broker per test run, and topics on it.
+
+``bootstrap`` is started lazily, by the first test that asks for it, so tests that need no
+Kafka (the filter language, config parsing) never wait for a broker.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from amps_on_kafka.broker.testing import kafka_for_tests
+
+ADMIN_TIMEOUT = 30.0
+
+
+def create_topic(bootstrap: str, spec: Any, retention: float | None = None) -> None:
+    """Create one log topic the way the project does and register its spec.
+
+    The single place tests create topics. amps_on_kafka.log is imported here, not at the
+    top, so a test that needs no Kafka doesn't depend on it.
+    """
+    from amps_on_kafka.log.registry import TopicRegistry
+    from amps_on_kafka.log.topics import create_log_topics
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    create_log_topics(admin, TopicRegistry(bootstrap), [(spec, 1, retention)])
+
+
+def delete_topics(bootstrap: str, names: list[str]) -> None:
+    """Delete topics a test made, waiting for (but not failing on) each deletion."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.delete_topics(names, operation_timeout=ADMIN_TIMEOUT)
+    concurrent.futures.wait(futures.values(), timeout=ADMIN_TIMEOUT)
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    """Bootstrap address of the run's broker (see amps_on_kafka.broker.testing for which)."""
+    with kafka_for_tests() as address:
+        yield address
+
+
+@pytest.fixture
+def topic_factory(bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """``topic_factory(partitions=1, *, name=None, retention=None, **spec) -> name``.
+
+    Creates a log topic (``message.timestamp.type=LogAppendTime``) and registers its
+    TopicSpec (``spec``: ``key=("/id",)``, ``message_type=``, ``schema=`` ...), waiting until
+    Kafka has it. The default name starts with the test's name and is unique, so a broker
+    shared by several runs stays readable. The topics are deleted when the test ends.
+    """
+    from amps_on_kafka.log.registry import TopicSpec
+
+    prefix = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:180]
+    created: list[str] = []
+
+    def make(
+        partitions: int = 1,
+        *,
+        name: str | None = None,
+        retention: float | None = None,
+        **spec: Any,
+    ) -> str:
+        name = name or f"{prefix}-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, TopicSpec(name, partitions, **spec), retention)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        delete_topics(bootstrap, created)
