@@ -38,7 +38,7 @@ def new_topic(servers: str, label: str, partitions: int, key: tuple[str, ...] | 
 def documents(count: int, keys: int = 100_000, seed: int = 7) -> list[dict]:
     """Orders whose JSON encoding is about 200 bytes."""
     rng = random.Random(seed)
-    pad = "x" * 96
+    pad = "x" * 135
     return [
         {
             "id": i % keys,

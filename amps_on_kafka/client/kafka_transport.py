@@ -37,6 +37,7 @@ class KafkaTransport:
                 self.client_name,
                 registry=self.registry,
                 on_failed_write=self._failed_write_handler,
+                report_successes=False,
             )
         return self._publisher
 

@@ -63,14 +63,13 @@ def partitions_of(client: AdminClient | Consumer | Producer, topic: str) -> list
     except KafkaException as exc:
         raise TransportError(f"can't reach Kafka for metadata of {topic!r}: {exc}") from exc
     info = metadata.topics.get(topic)
-    if (
-        info is None
-        or (info.error is not None
+    if info is None or (
+        info.error is not None
         and info.error.code()
         in (
             KafkaError.UNKNOWN_TOPIC_OR_PART,
             KafkaError._UNKNOWN_TOPIC,
-        ))
+        )
     ):
         raise UnknownTopic(
             f"topic {topic!r} does not exist (create it with amps-kafka topics create)"

@@ -44,8 +44,15 @@ class KeyExtractor:
     def __init__(self, paths: Sequence[str]) -> None:
         self.paths = tuple(paths)
         self._parts = [split_path(p) for p in self.paths]
+        only = self._parts[0] if len(self._parts) == 1 else ()
+        self._single = only[0] if len(only) == 1 else None
 
     def __call__(self, data: Any) -> str:
+        if self._single is not None:  # the common case: one top-level field
+            value = data.get(self._single) if type(data) is dict else None
+            if value is None or value == "":
+                raise MessageError(f"message has no value for the SOW key field {self.paths[0]}")
+            return value if type(value) is str else key_text(value)
         values = []
         for path, parts in zip(self.paths, self._parts, strict=True):
             value = field_at(data, parts)

@@ -8,6 +8,7 @@ and a failure is reported to the application, never dropped.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -18,9 +19,11 @@ from confluent_kafka import KafkaError, Message
 
 from amps_on_kafka.errors import MessageError, PublishError
 from amps_on_kafka.log.codecs import encode_payload
-from amps_on_kafka.log.envelope import Command, Envelope
+from amps_on_kafka.log.envelope import Command, Envelope, command_headers
 from amps_on_kafka.log.kafka import log_producer
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
+
+POLL_EVERY = 500  # serve delivery callbacks every so many produces, not on each
 
 Persisted = Callable[[PublishError | None, Message], None]
 
@@ -46,20 +49,26 @@ class LogPublisher:
         first_sequence: int | None = None,
         on_failed_write: Callable[[FailedWrite], None] | None = None,
         producer_config: dict[str, Any] | None = None,
+        report_successes: bool = True,
     ) -> None:
+        """With report_successes False, Kafka reports only failures: a publisher that needs
+        no per-message persisted callback (the client; publish_flush is its persisted ack)
+        saves a Python call per message.
+        """
         self.publisher_id = publisher_id
         self.registry = registry or TopicRegistry(bootstrap)
         self.on_failed_write = on_failed_write
         # Microseconds since the epoch: a restarted publisher keeps its sequence rising.
-        self._sequence = first_sequence if first_sequence is not None else time.time_ns() // 1000
+        first = first_sequence if first_sequence is not None else time.time_ns() // 1000
+        self._sequences = itertools.count(first + 1)  # next() is atomic under the GIL
+        self._publisher_bytes = publisher_id.encode()
+        self._unpolled = 0
         self._specs: dict[str, TopicSpec] = {}
         self._failures: list[FailedWrite] = []
         self._lock = threading.Lock()
-        self._producer = log_producer(bootstrap, **(producer_config or {}))
-
-    @property
-    def last_sequence(self) -> int:
-        return self._sequence
+        self.report_successes = report_successes
+        config = {"delivery.report.only.error": not report_successes, **(producer_config or {})}
+        self._producer = log_producer(bootstrap, **config)
 
     def spec(self, topic: str) -> TopicSpec:
         spec = self._specs.get(topic)
@@ -79,24 +88,30 @@ class LogPublisher:
         on_persisted: Persisted | None = None,
     ) -> int:
         """Produce a publish or delta_publish; returns its sequence number."""
-        spec = self.spec(topic)
+        spec = self._specs.get(topic) or self.spec(topic)
         value, document = encode_payload(spec.codec, data)
-        key = self._sow_key(spec, document, sow_key)
+        extract = spec.key_extractor
+        key = (
+            extract(document)
+            if extract and sow_key is None
+            else self._sow_key(spec, document, sow_key)
+        )
         if expiration is not None and expiration < 0:
             raise MessageError(
                 f"expiration must be 0 (never) or a positive number of seconds, got {expiration}"
             )
-        envelope = Envelope(
-            command=command,
-            sow_key=key,
-            expiration=expiration,
-            publisher_id=self.publisher_id,
-            sequence=self._next_sequence(),
-            correlation_id=correlation_id,
-            message_type=spec.message_type,
+        sequence = next(self._sequences)
+        headers = command_headers(
+            self._publisher_bytes,
+            sequence,
+            command,
+            key,
+            expiration,
+            correlation_id,
+            spec.message_type,
         )
-        self._produce(topic, key, value, envelope, on_persisted)
-        return envelope.sequence  # type: ignore[return-value]
+        self._produce(topic, key, value, headers, on_persisted)
+        return sequence
 
     def sow_delete(
         self,
@@ -154,11 +169,11 @@ class LogPublisher:
         on_persisted: Persisted | None,
         partition: int | None = None,
     ) -> int:
-        sequence = self._next_sequence()
+        sequence = next(self._sequences)
         stamped = replace(
             envelope, command=Command.SOW_DELETE, publisher_id=self.publisher_id, sequence=sequence
         )
-        self._produce(topic, key, value, stamped, on_persisted, partition)
+        self._produce(topic, key, value, stamped.to_headers(), on_persisted, partition)
         return sequence
 
     def _sow_key(self, spec: TopicSpec, document: Any, explicit: str | None) -> str | None:
@@ -177,24 +192,21 @@ class LogPublisher:
             return None
         return spec.key_extractor(document)
 
-    def _next_sequence(self) -> int:
-        with self._lock:
-            self._sequence += 1
-            return self._sequence
-
     def _produce(
         self,
         topic: str,
         key: str | None,
         value: bytes | None,
-        envelope: Envelope,
+        headers: list[tuple[str, bytes]],
         on_persisted: Persisted | None,
         partition: int | None = None,
     ) -> None:
-        callback = (
-            self._delivered if on_persisted is None else _chain(self._delivered, on_persisted)
-        )
-        headers = envelope.to_headers()
+        if on_persisted is None:
+            callback = self._delivered
+        elif self.report_successes:
+            callback = _chain(self._delivered, on_persisted)
+        else:
+            raise ValueError("on_persisted needs a LogPublisher made with report_successes=True")
         raw_key = key.encode() if key is not None else None
         extra = {} if partition is None else {"partition": partition}
         while True:
@@ -205,7 +217,10 @@ class LogPublisher:
                 break
             except BufferError:
                 self._producer.poll(0.05)  # the local queue is full: let deliveries drain
-        self._producer.poll(0)
+        self._unpolled += 1
+        if self._unpolled >= POLL_EVERY:
+            self._unpolled = 0
+            self._producer.poll(0)
 
     def _delivered(self, error: KafkaError | None, message: Message) -> None:
         if error is None:
