@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["log"]
+BENCHMARKS = ["log", "filters"]
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from amps_on_kafka.cli.broker import broker
 from amps_on_kafka.cli.publish import publish
 from amps_on_kafka.cli.replay import replay
 from amps_on_kafka.cli.topics import topics
+from amps_on_kafka.cli.worker import worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,5 +18,5 @@ def main() -> None:
     """AMPS-style messaging semantics on Apache Kafka."""
 
 
-for command in (broker, topics, publish, replay, bookmark):
+for command in (broker, topics, publish, replay, bookmark, worker):
     main.add_command(command)

@@ -21,7 +21,7 @@ class MessageStream:
         self.sub_id = sub_id
 
     def __iter__(self) -> Iterator[Any]:
-        return self
+        return self._source if not self._closed else iter(())  # no extra frame per message
 
     def __next__(self) -> Any:
         if self._closed:

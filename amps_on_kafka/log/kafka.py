@@ -86,3 +86,18 @@ def topic_names(client: AdminClient | Consumer) -> list[str]:
     except KafkaException as exc:
         raise TransportError(f"can't reach Kafka: {exc}") from exc
     return sorted(name for name in metadata.topics if not name.startswith("_"))
+
+
+def consume_available(consumer: Consumer, max_messages: int, timeout: float) -> list:
+    """What is there now, up to max_messages; waits up to timeout only when nothing is.
+
+    librdkafka's batch consume waits for the full timeout unless the batch fills, which
+    would hold a live message back; this returns as soon as anything arrives.
+    """
+    records = consumer.consume(max_messages, timeout=0)
+    if records:
+        return records
+    records = consumer.consume(1, timeout=timeout)
+    if records:
+        records.extend(consumer.consume(max_messages - 1, timeout=0))
+    return records

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from confluent_kafka import Message
+
 from amps_on_kafka.log.bookmarks import format_bookmark
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.envelope import Envelope
@@ -17,8 +19,8 @@ class LogMessage:
     __slots__ = (
         "_data",
         "_envelope",
+        "_headers",
         "codec",
-        "headers",
         "offset",
         "partition",
         "raw",
@@ -35,18 +37,27 @@ class LogMessage:
         offset: int,
         timestamp: int,
         raw: bytes | None,
-        headers: list[tuple[str, bytes]] | None,
+        headers: list[tuple[str, bytes]] | Message | None,
         codec: Codec,
     ) -> None:
+        """`headers` may be the consumed Message itself: its headers() builds a list of
+        tuples, so it is called only when the envelope is read, not for every record.
+        """
         self.topic = topic
         self.partition = partition
         self.offset = offset
         self.timestamp = timestamp  # milliseconds since the epoch (LogAppendTime)
         self.raw = raw
-        self.headers = headers
+        self._headers = headers
         self.codec = codec
         self._envelope: Envelope | None = None
         self._data: Any = _UNSET
+
+    @property
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        if isinstance(self._headers, Message):
+            self._headers = self._headers.headers()
+        return self._headers  # type: ignore[return-value]
 
     @property
     def envelope(self) -> Envelope:

@@ -24,7 +24,7 @@ from amps_on_kafka.log.bookmarks import (
     resolve_stop,
     watermarks,
 )
-from amps_on_kafka.log.kafka import partitions_of, reader, topic_names
+from amps_on_kafka.log.kafka import consume_available, partitions_of, reader, topic_names
 from amps_on_kafka.log.message import COMPLETED, Completed, LogMessage
 from amps_on_kafka.log.registry import TopicRegistry
 
@@ -94,13 +94,7 @@ class Replay:
         if until is not None:
             self.stops = resolve_stop(self._consumer, marks, parse_bookmark(until), until)
         self._pending = {tp for tp, start in self.starts.items() if start < self.ends[tp]}
-        self._positions = dict(self.starts)
         self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.starts.items()])
-
-    @property
-    def positions(self) -> dict[TP, int]:
-        """The next offset to deliver in each partition."""
-        return dict(self._positions)
 
     def close(self) -> None:
         self._consumer.close()
@@ -114,12 +108,12 @@ class Replay:
     def __iter__(self) -> Iterator[LogMessage | Completed]:
         if not self._pending:
             yield COMPLETED
-        stopped = self._stop_finished_partitions()
-        if self.stops is not None and stopped:
+        if self._stop_finished_partitions():
             return
         idle_since = time.monotonic()
+        predicate, codecs, stops, ends = self.predicate, self._codecs, self.stops, self.ends
         while True:
-            records = self._consumer.consume(self.batch_size, timeout=0.2)
+            records = consume_available(self._consumer, self.batch_size, 0.2)
             if not records:
                 if self.max_idle is not None and time.monotonic() - idle_since > self.max_idle:
                     return
@@ -127,40 +121,29 @@ class Replay:
                     yield COMPLETED
                 continue
             idle_since = time.monotonic()
-            yield from self._deliver(records)
-            if self.stops is not None and self._stop_finished_partitions():
+            for record in records:
+                if record.error():
+                    _raise_consumer_error(record.error())
+                topic, partition, offset = record.topic(), record.partition(), record.offset()
+                if stops is not None and offset >= stops[(topic, partition)]:
+                    continue
+                message = LogMessage(
+                    topic,
+                    partition,
+                    offset,
+                    record.timestamp()[1],
+                    record.value(),
+                    record,
+                    codecs[topic],
+                )
+                if predicate is None or _matches(predicate, message):
+                    yield message
+                if self._pending and offset + 1 >= ends[(topic, partition)]:
+                    self._pending.discard((topic, partition))
+                    if not self._pending:
+                        yield COMPLETED
+            if self._stop_finished_partitions():
                 return
-
-    def _deliver(self, records) -> Iterator[LogMessage | Completed]:
-        predicate, codecs, positions, stops = (
-            self.predicate,
-            self._codecs,
-            self._positions,
-            self.stops,
-        )
-        for record in records:
-            if record.error():
-                _raise_consumer_error(record.error())
-            tp = (record.topic(), record.partition())
-            offset = record.offset()
-            if stops is not None and offset >= stops[tp]:
-                continue
-            positions[tp] = offset + 1
-            message = LogMessage(
-                tp[0],
-                tp[1],
-                offset,
-                record.timestamp()[1],
-                record.value(),
-                record.headers(),
-                codecs[tp[0]],
-            )
-            if predicate is None or _matches(predicate, message):
-                yield message
-            if self._pending and tp in self._pending and offset + 1 >= self.ends[tp]:
-                self._pending.discard(tp)
-                if not self._pending:
-                    yield COMPLETED
 
     def _catch_up_gaps(self) -> bool:
         """Offsets with no record (compaction, control records) still count as read."""
@@ -169,14 +152,16 @@ class Replay:
             key = (tp.topic, tp.partition)
             if tp.offset >= self.ends[key]:
                 self._pending.discard(key)
-                self._positions[key] = max(self._positions[key], tp.offset)
         return not self._pending
 
     def _stop_finished_partitions(self) -> bool:
         """Pause partitions that reached `until`; True when all of them have."""
         if self.stops is None:
             return False
-        done = [tp for tp, stop in self.stops.items() if self._positions[tp] >= stop]
+        tps = list(self.stops)
+        current = self._consumer.position([TopicPartition(t, p) for t, p in tps])
+        reached = {(tp.topic, tp.partition): tp.offset for tp in current}
+        done = [tp for tp in tps if max(reached[tp], self.starts[tp]) >= self.stops[tp]]
         if done:
             self._consumer.pause([TopicPartition(t, p) for t, p in done])
         return len(done) == len(self.stops)

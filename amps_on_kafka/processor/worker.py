@@ -29,7 +29,7 @@ from confluent_kafka import (
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
-from amps_on_kafka.log.kafka import log_producer
+from amps_on_kafka.log.kafka import consume_available, log_producer
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.topics import spec_from_config
 from amps_on_kafka.processor.engine import SowEngine
@@ -86,10 +86,13 @@ class Worker:
         """Block until the first assignment is open and its expirations are processed."""
         deadline = time.monotonic() + timeout
         while not self.engine.ready.wait(0.05):
-            if self._failure is not None:
-                raise TransportError(f"worker failed: {self._failure}") from self._failure
+            self.raise_if_failed()
             if time.monotonic() > deadline:
                 raise TransportError(f"worker not ready after {timeout}s (no partitions assigned)")
+
+    def raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise TransportError(f"worker failed: {self._failure}") from self._failure
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
@@ -114,7 +117,7 @@ class Worker:
                 on_lost=self._on_revoke,
             )
             while not self._stop.is_set():
-                records = consumer.consume(BATCH_SIZE, timeout=self._wait_time())
+                records = consume_available(consumer, BATCH_SIZE, self._wait_time())
                 if records:
                     self._apply(records)
                 self._expire_due()

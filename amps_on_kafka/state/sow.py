@@ -33,6 +33,25 @@ class State(Protocol):
     def current(self) -> Iterator[SowRecord]: ...
 
 
+class DictState:
+    """State held in a dict: for computing a SOW outside the worker (Spark, tests)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, SowRecord] = {}
+
+    def get(self, sow_key: str) -> SowRecord | None:
+        return self.records.get(sow_key)
+
+    def set(self, sow_key: str, record: SowRecord | None) -> None:
+        if record is None:
+            self.records.pop(sow_key, None)
+        else:
+            self.records[sow_key] = record
+
+    def current(self) -> Iterator[SowRecord]:
+        return iter(list(self.records.values()))
+
+
 @dataclass
 class Applied:
     changes: list[Change] = field(default_factory=list)

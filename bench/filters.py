@@ -1,6 +1,6 @@
 """Benchmark compiled filters against equivalent hand-written Python lambdas.
 
-Usage: python bench/bench_filter.py [--records N] [--seed S] [--repeat R]
+Usage: python -m bench filters [--records N] [--seed S] [--repeat R]
 
 Both sides run over the same decoded dicts with ``sum(map(fn, records))`` so loop overhead is
 identical; each rate is the best of R runs.  The ratio is filter rate / lambda rate (the
@@ -16,10 +16,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from amps_on_kafka.expr import compile_filter
 
