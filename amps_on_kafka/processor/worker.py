@@ -71,6 +71,7 @@ class Worker:
         }
         self.engine = SowEngine(config, self.rules, clock)
         self.rejected = 0
+        self.applied = 0  # log records applied since start: a resumed worker applies none twice
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dead_letters = None
@@ -89,6 +90,13 @@ class Worker:
             self.raise_if_failed()
             if time.monotonic() > deadline:
                 raise TransportError(f"worker not ready after {timeout}s (no partitions assigned)")
+
+    def next_offsets(self, topic: str) -> dict[int, int | None]:
+        """The next offset each owned partition of a topic will apply."""
+        with self.engine.lock:
+            return {
+                p: self.engine.store(topic, p).next_offset() for p in self.engine.partitions(topic)
+            }  # type: ignore[union-attr]
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -200,10 +208,11 @@ class Worker:
         for message in messages:
             rules.apply(state, message, applied)
         state.next_offset = messages[-1].offset + 1
+        self.applied += len(messages)
+        self._report_rejections(applied.results, messages)  # dead letters durable first
         with self.engine.lock:
             store.write(state)
             self.engine.notify(BatchApplied(applied.changes, applied.results))
-        self._report_rejections(applied.results, messages)
 
     def _report_rejections(self, results: list[CommandResult], messages: list[LogMessage]) -> None:
         rejected = [r for r in results if r.error is not None]
@@ -215,6 +224,8 @@ class Worker:
             bookmark = f"{result.topic}|{result.partition}|{result.offset}|"
             log.warning("skipped record %s: %s", bookmark, result.error)
             self._dead_letter(by_offset[result.offset], bookmark, result.error)  # type: ignore[arg-type]
+        if self._dead_letters is not None and self._dead_letters.flush(30) != 0:
+            raise TransportError("Kafka did not acknowledge the dead letters; not moving past them")
 
     def _dead_letter(self, message: LogMessage, bookmark: str, reason: str) -> None:
         target = self.config.sow_for(message.topic).dead_letter_topic  # type: ignore[union-attr]

@@ -126,12 +126,12 @@ class PartitionStore:
             del iterator
 
     def count(self) -> int:
-        return sum(1 for _ in self._sow)
+        return sum(1 for _ in self._sow.keys())  # noqa: SIM118 - an Rdict is not a dict
 
     def due(self, now_ms: int, limit: int = 10_000) -> list[str]:
         """Keys whose deadline is at or before now, earliest first."""
         keys = []
-        for entry in self._expiry:
+        for entry in self._expiry.keys():  # noqa: SIM118 - an Rdict is not a dict
             deadline = _DEADLINE.unpack_from(entry)[0]
             if deadline > now_ms or len(keys) >= limit:
                 break
@@ -139,7 +139,7 @@ class PartitionStore:
         return keys
 
     def next_deadline(self) -> int | None:
-        for entry in self._expiry:
+        for entry in self._expiry.keys():  # noqa: SIM118 - an Rdict is not a dict
             return _DEADLINE.unpack_from(entry)[0]
         return None
 

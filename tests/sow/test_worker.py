@@ -1,0 +1,139 @@
+"""The worker against the real broker and real RocksDB (issue 4, items 1, 3, 7, 8)."""
+
+from __future__ import annotations
+
+import orjson
+from confluent_kafka import Producer
+
+from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.state.sow import Applied, DictState
+from tests.sow.conftest import sow_config, wait_caught_up
+
+
+def sow_of(worker, topic, filter=None):
+    result = worker.engine.query(topic, compile_filter(filter) if filter else None)
+    return {r.sow_key: r.data for r in result.records}
+
+
+def reference_sow(bootstrap, worker, topic):
+    """The SOW computed by replaying the topic from EPOCH with the same rules."""
+    rules = worker.rules[topic]
+    states: dict[int, DictState] = {}
+    with Replay(bootstrap, topic, "0", until="0|1|") as log:
+        for message in log:
+            if getattr(message, "command", None) == "ack":
+                continue
+            rules.apply(states.setdefault(message.partition, DictState()), message, Applied())
+    return {k: (r.data, r.offset) for s in states.values() for k, r in s.records.items()}
+
+
+def test_publish_delta_and_delete_across_partitions(bootstrap, sow_topic, publisher, start_worker):
+    for i in range(20):
+        publisher.publish(sow_topic, {"id": i, "v": i})
+    publisher.delta_publish(sow_topic, {"id": 3, "extra": True})
+    publisher.sow_delete(sow_topic, keys=["4", "5"])
+    publisher.sow_delete(sow_topic, "/v >= 18")
+    publisher.publish_flush(10)
+    worker = start_worker(sow_config(sow_topic))
+    wait_caught_up(worker, bootstrap, sow_topic, 2)
+    sow = sow_of(worker, sow_topic)
+    assert sorted(sow, key=int) == [str(i) for i in range(18) if i not in (4, 5)]
+    assert sow["3"] == {"id": 3, "v": 3, "extra": True}
+    assert set(worker.engine.partitions(sow_topic)) == {0, 1}
+
+
+def test_a_filter_that_pins_the_key_is_a_point_lookup(
+    bootstrap, sow_topic, publisher, start_worker
+):
+    for i in range(50):
+        publisher.publish(sow_topic, {"id": i, "sym": "IBM" if i % 2 else "MSFT"})
+    publisher.publish_flush(10)
+    worker = start_worker(sow_config(sow_topic))
+    wait_caught_up(worker, bootstrap, sow_topic, 2)
+    assert sow_of(worker, sow_topic, "/id = 7") == {"7": {"id": 7, "sym": "IBM"}}
+    assert sow_of(worker, sow_topic, "/id IN (7, 8) AND /sym = 'IBM'") == {
+        "7": {"id": 7, "sym": "IBM"}
+    }
+    assert len(sow_of(worker, sow_topic, "/sym = 'IBM'")) == 25
+
+
+def test_order_by_and_top_n(bootstrap, sow_topic, publisher, start_worker):
+    for i in range(10):
+        publisher.publish(sow_topic, {"id": i, "px": (i * 7) % 10})
+    publisher.publish_flush(10)
+    worker = start_worker(sow_config(sow_topic))
+    wait_caught_up(worker, bootstrap, sow_topic, 2)
+    result = worker.engine.query(sow_topic, None, order_by="/px DESC", top_n=3)
+    assert [r.data["px"] for r in result.records] == [9, 8, 7]
+    assert result.matches == 10
+
+
+def test_a_restart_resumes_from_the_stored_offsets_without_replaying(
+    bootstrap, sow_topic, publisher, start_worker, tmp_path
+):
+    for i in range(300):
+        publisher.publish(sow_topic, {"id": i % 30, "v": i})
+    publisher.publish_flush(10)
+    config = sow_config(sow_topic)
+    first = start_worker(config, tmp_path / "s", group="g-restart")
+    wait_caught_up(first, bootstrap, sow_topic, 2)
+    before = sow_of(first, sow_topic)
+    first.stop()
+    second = start_worker(config, tmp_path / "s", group="g-restart")
+    wait_caught_up(second, bootstrap, sow_topic, 2)
+    assert sow_of(second, sow_topic) == before
+    assert second.applied == 0
+
+
+def test_expired_records_are_removed_at_startup_before_queries(
+    bootstrap, sow_topic, publisher, start_worker, tmp_path
+):
+    config = sow_config(sow_topic, Expiration="enabled")
+    publisher.publish(sow_topic, {"id": 1}, expiration=0.2)
+    publisher.publish(sow_topic, {"id": 2})
+    publisher.publish_flush(10)
+    first = start_worker(config, tmp_path / "s", group="g-exp")
+    wait_caught_up(first, bootstrap, sow_topic, 2)
+    first.stop()
+    expired = []
+    second = start_worker(config, tmp_path / "s", group="g-exp")
+    second.engine.add_listener(lambda applied: expired.extend(applied.changes))
+    assert sow_of(second, sow_topic) == {"2": {"id": 2}}
+    assert all(store.get("1") is None for store in second.engine.stores())
+
+
+def test_bad_records_on_the_log_are_skipped_counted_and_dead_lettered(
+    bootstrap, topic_factory, publisher, start_worker
+):
+    topic = topic_factory(partitions=1, key=("/id",))
+    dead = topic_factory(partitions=1)
+    raw = Producer({"bootstrap.servers": bootstrap})
+    raw.produce(topic, b"{not json", partition=0)
+    raw.produce(topic, orjson.dumps({"no_id": 1}), partition=0)
+    raw.flush(10)
+    publisher.publish(topic, {"id": 1, "ok": True})
+    publisher.publish_flush(10)
+    worker = start_worker(sow_config(topic, partitions=1, DeadLetterTopic=dead))
+    wait_caught_up(worker, bootstrap, topic, 1)
+    assert sow_of(worker, topic) == {"1": {"id": 1, "ok": True}}
+    assert worker.rejected == 2
+    with Replay(bootstrap, dead, "0", until="0|1|", max_idle=10) as log:
+        letters = [m for m in log if getattr(m, "command", None) != "ack"]
+    assert [m.raw for m in letters] == [b"{not json", orjson.dumps({"no_id": 1})]
+    reasons = [dict(m.headers)["reason"].decode() for m in letters]
+    assert "not valid JSON" in reasons[0] and "/id" in reasons[1]
+
+
+def test_the_worker_state_equals_a_replay_from_epoch(bootstrap, sow_topic, publisher, start_worker):
+    for i in range(400):
+        if i % 3:
+            publisher.delta_publish(sow_topic, {"id": i % 25, f"f{i % 7}": i})
+        else:
+            publisher.publish(sow_topic, {"id": i % 25, "base": i})
+    publisher.sow_delete(sow_topic, "/base > 390")
+    publisher.publish_flush(10)
+    worker = start_worker(sow_config(sow_topic))
+    wait_caught_up(worker, bootstrap, sow_topic, 2)
+    got = {r.sow_key: (r.data, r.offset) for r in worker.engine.query(sow_topic).records}
+    assert got == reference_sow(bootstrap, worker, sow_topic)
