@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["log", "filters"]
+BENCHMARKS = ["log", "filters", "sow"]
 
 
 def main() -> None:

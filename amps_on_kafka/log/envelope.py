@@ -36,9 +36,12 @@ H_SOW_KEYS = "ks"
 _COMMANDS = {c.value: c for c in Command}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Envelope:
-    """Everything about a log record except its payload and its Kafka coordinates."""
+    """Everything about a log record except its payload and its Kafka coordinates.
+
+    Not frozen: a frozen dataclass costs a setattr call per field, per record read.
+    """
 
     command: Command = Command.PUBLISH
     topic: str | None = None

@@ -29,8 +29,10 @@ def field_at(data: Any, parts: Sequence[str]) -> Any:
 
 
 def key_text(value: Any) -> str:
-    if isinstance(value, str):
+    if type(value) is str:
         return value
+    if type(value) is int:
+        return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):

@@ -21,6 +21,7 @@ class LogMessage:
         "_envelope",
         "_headers",
         "codec",
+        "computed_key",
         "offset",
         "partition",
         "raw",
@@ -52,6 +53,7 @@ class LogMessage:
         self.codec = codec
         self._envelope: Envelope | None = None
         self._data: Any = _UNSET
+        self.computed_key: str | None = None  # the SOW key, once a worker computed it
 
     @property
     def headers(self) -> list[tuple[str, bytes]] | None:

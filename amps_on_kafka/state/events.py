@@ -19,7 +19,7 @@ class ChangeKind(StrEnum):
     EXPIRE = "expire"  # the record's deadline passed; `old` is the record removed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Change:
     topic: str
     sow_key: str
@@ -28,7 +28,7 @@ class Change:
     new: SowRecord | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CommandResult:
     """One log record applied: how many records it deleted, or why it was rejected."""
 

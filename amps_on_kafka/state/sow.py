@@ -107,9 +107,15 @@ class SowRules:
             out.results.append(_result(message, _envelope_or_blank(message), error=exc.reason))
 
     def key_of(self, message: LogMessage, envelope: Envelope) -> str:
-        if self.key_from_publish and envelope.sow_key is not None:
-            return envelope.sow_key
-        return self.keys(message.data)
+        """The record's SOW key by this topic's configuration, computed once per record."""
+        key = message.computed_key
+        if key is None:
+            if self.key_from_publish and envelope.sow_key is not None:
+                key = envelope.sow_key
+            else:
+                key = self.keys(message.data)
+            message.computed_key = key
+        return key
 
     def _upsert(self, state: State, message: LogMessage, envelope: Envelope, out: Applied) -> None:
         data = message.data

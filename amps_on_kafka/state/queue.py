@@ -1,0 +1,811 @@
+"""AMPS message-queue semantics (seeds 001 and 002) as a pure state machine.
+
+No I/O and no threads: the caller feeds messages read from the log (`enqueue`),
+subscriber commands (`ack`, `cancel`, `expire`, `ack_by_filter`, `disconnect`) and the
+passage of time (`tick`, with an injected clock), and collects what must happen in
+`outbox`: deliveries to send, events to record in the queue-events log, messages to
+dead-letter. Because every change of the durable state produces an event, and
+`apply_event` applies a recorded event idempotently, the queue is a function of the log
+of messages and the log of events; leases are the only state that is never recorded
+(a restart returns them to the queue, as a disconnect does).
+
+Vocabulary: a message is *in the queue* while it is WAITING (beyond TargetQueueDepth),
+HELD (behind a barrier), AVAILABLE or LEASED. An at-most-once delivery takes it out of
+the queue (TAKEN) but it stays in its subscriber's backlog until acknowledged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import Any
+
+from amps_on_kafka.config import QueueConfig
+from amps_on_kafka.errors import MessageError
+from amps_on_kafka.expr import compile_expression, compile_filter
+from amps_on_kafka.log.bookmarks import format_bookmark
+from amps_on_kafka.log.codecs import Codec
+
+MessageId = tuple[str, int, int]  # Kafka topic, partition, offset: the message's bookmark
+TP = tuple[str, int]
+Clock = Callable[[], int]  # milliseconds
+NAN_RANK = -1  # a Priority that is NULL or not an unsigned 64-bit number sorts lowest
+MAX_PRIORITY = 2**64 - 1
+
+
+class Status(IntEnum):
+    WAITING = 0  # in the queue beyond TargetQueueDepth: not deliverable, not visible
+    HELD = 1  # behind a barrier message (or the barrier itself), waiting for it
+    AVAILABLE = 2
+    LEASED = 3
+    TAKEN = 4  # at-most-once: delivered and out of the queue, still in the backlog
+    REMOVED = 5
+
+
+IN_QUEUE = (Status.HELD, Status.AVAILABLE, Status.LEASED)  # the active, visible part
+
+
+class Reason(StrEnum):
+    """Why a message left the queue, as recorded in the events log."""
+
+    ACK = "ack"
+    EXPIRE = "expire"
+    TAKEN = "taken"  # at-most-once delivery
+    BARRIER = "barrier"  # a barrier message, removed once delivered
+
+
+class EventKind(StrEnum):
+    DELIVER = "deliver"
+    CANCEL = "cancel"
+    REMOVE = "remove"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEvent:
+    """One change of durable queue state. Counts are absolute, so replay is idempotent."""
+
+    kind: EventKind
+    id: MessageId
+    deliveries: int = 0
+    cancels: int = 0
+    reason: Reason | None = None
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """A queue's configuration, in the units the state machine works in."""
+
+    name: str
+    at_most_once: bool = False
+    lease_ms: int = 60_000
+    expiration_ms: int | None = None
+    max_backlog: int = 1000
+    fairness: str = "proportional"
+    max_cancels: int | None = None
+    max_deliveries: int | None = None
+    permissive: bool = False
+    priority: Callable[[Any], Any] | None = None
+    barrier: Callable[[Any], bool] | None = None
+    target_depth: int | None = None
+
+    @classmethod
+    def from_config(cls, queue: QueueConfig) -> QueuePolicy:
+        return cls(
+            name=queue.name,
+            at_most_once=queue.semantics == "at-most-once",
+            lease_ms=round(queue.lease_period * 1000),
+            expiration_ms=None if queue.expiration is None else round(queue.expiration * 1000),
+            max_backlog=queue.max_per_subscription_backlog,
+            fairness=queue.fairness,
+            max_cancels=queue.max_cancels,
+            max_deliveries=queue.max_deliveries,
+            permissive=queue.leasing == "permissive",
+            priority=compile_expression(queue.priority).evaluate if queue.priority else None,
+            barrier=compile_filter(queue.barrier_expression).matches
+            if queue.barrier_expression
+            else None,
+            target_depth=queue.target_queue_depth,
+        )
+
+    def rank(self, data: Any) -> int:
+        """Priority as AMPS reads it: an unsigned 64-bit integer; anything else is lowest."""
+        if self.priority is None:
+            return 0
+        value = _evaluate(self.priority, data)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return NAN_RANK
+        if value != value or not 0 <= value <= MAX_PRIORITY:  # NaN or out of range
+            return NAN_RANK
+        return int(value)
+
+    def is_barrier(self, data: Any) -> bool:
+        return self.barrier is not None and bool(_evaluate(self.barrier, data))
+
+    def deadline(self, timestamp: int, expiration: float | None) -> int | None:
+        """When a message leaves the queue unread: its own expiration, else the queue's.
+
+        A message expiration of 0 means never, as on SOW topics.
+        """
+        if expiration is not None:
+            return None if expiration == 0 else timestamp + round(expiration * 1000)
+        return None if self.expiration_ms is None else timestamp + self.expiration_ms
+
+
+def _evaluate(function: Callable[[Any], Any], data: Any) -> Any:
+    try:
+        return function(data)
+    except MessageError:  # a payload that doesn't decode has no fields
+        return None
+
+
+def effective_backlog(requested: int | None, policies: Iterable[QueuePolicy]) -> int:
+    """Seed 002: the minimum of the subscription's max_backlog (default 1) and the smallest
+    MaxPerSubscriptionBacklog of the queues it matches."""
+    limits = [p.max_backlog for p in policies]
+    wanted = 1 if requested is None else requested
+    return min([wanted, *limits])
+
+
+@dataclass(eq=False, slots=True)
+class Subscription:
+    """A queue subscriber. One object is shared by every queue its topic pattern matches,
+    so its backlog is counted across all of them. `deliver` is for the caller; the state
+    machine never calls it."""
+
+    sub_id: str
+    session: Hashable
+    filter: Callable[[Any], bool] | None = None
+    max_backlog: int = 1
+    outstanding: int = 0
+    deliver: Callable[..., None] | None = None
+
+    def wants(self, entry: QueueEntry) -> bool:
+        return self.filter is None or bool(_evaluate(self.filter, entry.data))
+
+    @property
+    def has_room(self) -> bool:
+        return self.outstanding < self.max_backlog
+
+
+@dataclass(eq=False, slots=True)
+class QueueEntry:
+    """A message in a queue: where it is in the log, its state, and its payload."""
+
+    id: MessageId
+    timestamp: int  # ms, the record's LogAppendTime: when it entered the queue
+    payload: bytes
+    codec: Codec | None = None
+    headers: list[tuple[str, bytes]] | None = None
+    expiration: float | None = None  # the message's own expiration header, seconds
+    seq: int = -1  # arrival order in this queue
+    deadline: int | None = None
+    rank: int = 0
+    barrier: bool = False
+    deliveries: int = 0
+    cancels: int = 0
+    ev_pos: int = 0  # no event about this message can be earlier in the events log
+    status: Status = Status.WAITING
+    holder: Subscription | None = None
+    lease_until: int = 0
+    lease_no: int = 0
+    _data: Any = None
+
+    @property
+    def bookmark(self) -> str:
+        return format_bookmark(*self.id)
+
+    @property
+    def data(self) -> Any:
+        if self._data is None and self.codec is not None:
+            self._data = self.codec.decode(self.payload)
+        return self._data
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A message to send: leased until `lease_until` (ms), or a barrier (no lease)."""
+
+    subscription: Subscription
+    entry: QueueEntry
+    lease_until: int | None
+
+
+@dataclass(slots=True)
+class Early:
+    """What the events log says about a message the queue has not read (or activated) yet."""
+
+    ev_pos: int
+    removed: bool = False
+    deliveries: int = 0
+    cancels: int = 0
+
+
+@dataclass
+class Outbox:
+    """What the caller must do after a state change."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    events: list[QueueEvent] = field(default_factory=list)
+    dead_letters: list[QueueEntry] = field(default_factory=list)
+
+    def take(self) -> Outbox:
+        taken = Outbox(self.deliveries, self.events, self.dead_letters)
+        self.deliveries, self.events, self.dead_letters = [], [], []
+        return taken
+
+    def __bool__(self) -> bool:
+        return bool(self.deliveries or self.events or self.dead_letters)
+
+
+@dataclass(frozen=True)
+class AckResult:
+    """How many bookmarks an ack removed, and which it refused (Leasing strict)."""
+
+    acked: int = 0
+    refused: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RecoveryPoint:
+    """Seed 002's recovery point: in each partition, the earliest offset not yet removed
+    (everything before it is acknowledged or expired), and the earliest events-log
+    offset that can still say anything about those messages."""
+
+    offsets: dict[TP, int]
+    events: int
+
+
+class QueueState:
+    """One queue's messages, leases and subscriptions."""
+
+    def __init__(self, policy: QueuePolicy, clock: Clock) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.entries: dict[MessageId, QueueEntry] = {}  # every message in the queue
+        self.positions: dict[TP, int] = {}  # next offset to read in each partition
+        self.subscriptions: list[Subscription] = []
+        self.outbox = Outbox()
+        self.dirty: dict[MessageId, QueueEntry] = {}  # changed since take_dirty()
+        self.dirty_early: dict[MessageId, Early | None] = {}
+        self.ev_next = 0  # the lowest offset a future event can get in the events log
+        self.next_seq = 0
+        self._taken: dict[MessageId, QueueEntry] = {}
+        self._ready: list[tuple[int, int, QueueEntry]] = []  # (-rank, seq, entry)
+        self._expiry: list[tuple[int, int, QueueEntry]] = []  # (deadline, seq, entry)
+        self._leases: list[tuple[int, int, int, QueueEntry]] = []  # (until, seq, no, entry)
+        self._leased: dict[Subscription, dict[MessageId, QueueEntry]] = {}
+        self._held: deque[QueueEntry] = deque()
+        self._barrier: QueueEntry | None = None
+        self._before_barrier = 0
+        self._waiting: deque[QueueEntry] = deque()
+        self._active = 0  # entries HELD, AVAILABLE or LEASED
+        self._early: dict[MessageId, Early] = {}
+        self._early_floor: int | None = None  # min ev_pos of _early, None when unknown
+        self._partitions: dict[TP, deque[tuple[int, int]]] = {}  # (offset, ev_pos) in order
+        self._rr = 0
+        self._lease_numbers = itertools.count(1)
+
+    # -- reading the log ------------------------------------------------------------
+    def start_at(self, tp: TP, offset: int) -> None:
+        """The queue reads partition `tp` from `offset`: messages before it are not its own."""
+        self.positions[tp] = offset
+        self._partitions.setdefault(tp, deque())
+
+    def enqueue(self, entry: QueueEntry) -> bool:
+        """A message read from an underlying topic; False when it does not join the queue
+        (read before, or acknowledged before it arrived)."""
+        topic, partition, offset = entry.id
+        tp = (topic, partition)
+        if offset < self.positions.get(tp, 0):
+            return False
+        self.positions[tp] = offset + 1
+        floor = self._floor()
+        early = self._pop_early(entry.id)
+        if early is not None:
+            if early.removed:
+                return False
+            entry.deliveries, entry.cancels = early.deliveries, early.cancels
+        entry.seq = self.next_seq
+        self.next_seq += 1
+        entry.ev_pos = floor
+        policy = self.policy
+        entry.deadline = policy.deadline(entry.timestamp, entry.expiration)
+        if policy.priority is not None:
+            entry.rank = policy.rank(entry.data)
+        if policy.barrier is not None:
+            entry.barrier = policy.is_barrier(entry.data)
+        self._admit(entry)
+        self.dirty[entry.id] = entry
+        return True
+
+    def restore(self, entry: QueueEntry) -> None:
+        """Put back a message from the state store (seq, counts, rank already set).
+
+        Entries must come in seq order; leases are not stored, so it is unleased.
+        """
+        tp = entry.id[:2]
+        self.positions[tp] = max(self.positions.get(tp, 0), entry.id[2] + 1)  # type: ignore[index]
+        self.next_seq = max(self.next_seq, entry.seq + 1)
+        self._admit(entry)
+
+    def restore_early(self, message: MessageId, early: Early) -> None:
+        self._early[message] = early
+        self._early_floor = None
+
+    def _admit(self, entry: QueueEntry) -> None:
+        self.entries[entry.id] = entry
+        self._partitions.setdefault(entry.id[:2], deque()).append((entry.id[2], entry.ev_pos))  # type: ignore[arg-type]
+        depth = self.policy.target_depth
+        if depth is not None and (self._active >= depth or self._waiting):
+            entry.status = Status.WAITING
+            self._waiting.append(entry)
+        else:
+            self._activate(entry)
+
+    def _activate(self, entry: QueueEntry) -> None:
+        self._active += 1
+        if entry.deadline is not None:
+            heapq.heappush(self._expiry, (entry.deadline, entry.seq, entry))
+        self._place(entry)
+        if entry is self._barrier and self._before_barrier == 0:
+            self._send_barrier(entry)
+
+    def _place(self, entry: QueueEntry) -> None:
+        """Make an active message deliverable, unless a barrier holds it back."""
+        if self._barrier is not None:
+            entry.status = Status.HELD
+            self._held.append(entry)
+        elif entry.barrier:
+            entry.status = Status.HELD
+            self._barrier = entry
+            self._before_barrier = sum(
+                1
+                for other in itertools.chain(self.entries.values(), self._taken.values())
+                if other.seq < entry.seq
+            )
+        else:
+            self._make_available(entry)
+
+    def _make_available(self, entry: QueueEntry) -> None:
+        entry.status = Status.AVAILABLE
+        heapq.heappush(self._ready, (-entry.rank, entry.seq, entry))
+
+    # -- the events log -------------------------------------------------------------
+    def apply_event(self, event: QueueEvent) -> None:
+        """Apply a recorded event (replay after a restart); records nothing new."""
+        entry = self.entries.get(event.id)
+        if entry is not None:
+            if event.kind is EventKind.REMOVE:
+                self._remove(entry, event.reason or Reason.ACK, record=False)
+            else:
+                self._count(entry, event.deliveries, event.cancels)
+            return
+        if not self._unread(event.id):
+            return
+        early = self._early_for(event.id)
+        early.removed = early.removed or event.kind is EventKind.REMOVE
+        early.deliveries = max(early.deliveries, event.deliveries)
+        early.cancels = max(early.cancels, event.cancels)
+
+    def _count(self, entry: QueueEntry, deliveries: int, cancels: int) -> None:
+        if deliveries > entry.deliveries or cancels > entry.cancels:
+            entry.deliveries = max(entry.deliveries, deliveries)
+            entry.cancels = max(entry.cancels, cancels)
+            self.dirty[entry.id] = entry
+
+    def _unread(self, message: MessageId) -> bool:
+        """A message of one of the queue's partitions that the queue has not read yet."""
+        position = self.positions.get(message[:2])  # type: ignore[arg-type]
+        return position is not None and message[2] >= position
+
+    def _early_for(self, message: MessageId) -> Early:
+        early = self._early.get(message)
+        if early is None:
+            early = self._early[message] = Early(self._floor())
+            if self._early_floor is not None:
+                self._early_floor = min(self._early_floor, early.ev_pos)
+        self.dirty_early[message] = early
+        return early
+
+    def _pop_early(self, message: MessageId) -> Early | None:
+        if not self._early:
+            return None
+        early = self._early.pop(message, None)
+        if early is not None:
+            self._early_floor = None
+            self.dirty_early[message] = None
+        return early
+
+    def _floor(self) -> int:
+        """ev_next, or lower while acks for unread messages are remembered: any event about
+        a message read from now on is at or after this offset of the events log."""
+        if not self._early:
+            return self.ev_next
+        if self._early_floor is None:
+            self._early_floor = min(e.ev_pos for e in self._early.values())
+        return min(self.ev_next, self._early_floor)
+
+    # -- subscriptions --------------------------------------------------------------
+    def subscribe(self, subscription: Subscription) -> None:
+        self.subscriptions.append(subscription)
+        self._leased[subscription] = {}
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        """The subscription ends: its leases are broken at once (seed 002)."""
+        if subscription not in self._leased:
+            return
+        index = self.subscriptions.index(subscription)
+        del self.subscriptions[index]
+        if index < self._rr:
+            self._rr -= 1  # the same subscription stays next in turn
+        now = self.clock()
+        for entry in list(self._leased[subscription].values()):
+            self._lease_ended(entry, now)
+        del self._leased[subscription]
+
+    def disconnect(self, session: Hashable) -> None:
+        for subscription in [s for s in self.subscriptions if s.session == session]:
+            self.unsubscribe(subscription)
+
+    def leases_of(self, subscription: Subscription) -> list[QueueEntry]:
+        return list(self._leased.get(subscription, {}).values())
+
+    # -- delivery ---------------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Deliver what can be delivered: each message, oldest (or highest priority) first,
+        to the subscription the queue's fairness picks among those with room that want it."""
+        open_subs = [s for s in self.subscriptions if s.has_room]
+        ready = self._ready
+        skipped = []
+        while ready and open_subs:
+            item = heapq.heappop(ready)
+            entry = item[2]
+            if entry.status is not Status.AVAILABLE:
+                continue  # removed while waiting in the heap
+            chosen = self._choose(entry, open_subs)
+            if chosen is None:
+                skipped.append(item)
+                continue
+            self._deliver(entry, chosen)
+            if not chosen.has_room:
+                open_subs.remove(chosen)
+        for item in skipped:
+            heapq.heappush(ready, item)
+
+    def _choose(self, entry: QueueEntry, open_subs: list[Subscription]) -> Subscription | None:
+        fairness = self.policy.fairness
+        if fairness == "fast":
+            return next((s for s in open_subs if s.wants(entry)), None)
+        if fairness == "round-robin":
+            return self._next_in_turn(entry)
+        return self._most_room(entry, open_subs)
+
+    def _next_in_turn(self, entry: QueueEntry) -> Subscription | None:
+        """round-robin: the next subscription after the last one served that has room."""
+        subs = self.subscriptions
+        count = len(subs)
+        for step in range(count):
+            index = (self._rr + step) % count
+            candidate = subs[index]
+            if candidate.has_room and candidate.wants(entry):
+                self._rr = index + 1
+                return candidate
+        return None
+
+    @staticmethod
+    def _most_room(entry: QueueEntry, open_subs: list[Subscription]) -> Subscription | None:
+        """proportional: the lowest outstanding / max_backlog; the first found on a tie."""
+        best = None
+        for candidate in open_subs:
+            if best is not None and (
+                candidate.outstanding * best.max_backlog >= best.outstanding * candidate.max_backlog
+            ):
+                continue
+            if candidate.wants(entry):
+                best = candidate
+        return best
+
+    def _deliver(self, entry: QueueEntry, subscription: Subscription) -> None:
+        now = self.clock()
+        entry.deliveries += 1
+        entry.holder = subscription
+        subscription.outstanding += 1
+        self._leased[subscription][entry.id] = entry
+        entry.lease_no = next(self._lease_numbers)
+        entry.lease_until = now + self.policy.lease_ms
+        heapq.heappush(self._leases, (entry.lease_until, entry.seq, entry.lease_no, entry))
+        self.dirty[entry.id] = entry
+        if self.policy.at_most_once:
+            self._take(entry)
+        else:
+            entry.status = Status.LEASED
+            self._record(EventKind.DELIVER, entry)
+        self.outbox.deliveries.append(Delivery(subscription, entry, entry.lease_until))
+
+    def _take(self, entry: QueueEntry) -> None:
+        """at-most-once: the message leaves the queue as it is delivered."""
+        del self.entries[entry.id]
+        self._taken[entry.id] = entry
+        entry.status = Status.TAKEN
+        self._active -= 1
+        self.outbox.events.append(QueueEvent(EventKind.REMOVE, entry.id, reason=Reason.TAKEN))
+        self._promote()
+
+    def _record(self, kind: EventKind, entry: QueueEntry) -> None:
+        self.outbox.events.append(QueueEvent(kind, entry.id, entry.deliveries, entry.cancels))
+
+    # -- acknowledgement ----------------------------------------------------------------
+    def ack(self, messages: Iterable[MessageId], session: Hashable) -> AckResult:
+        """sow_delete by bookmark: each message is processed and leaves the queue.
+
+        With Leasing strict only the session holding the lease may ack a message in the
+        queue; permissive lets any session. An ack for a message not read yet (or beyond
+        TargetQueueDepth) is remembered and honoured when the message arrives (seed 001).
+        """
+        acked, refused = 0, []
+        for message in messages:
+            entry = self.entries.get(message)
+            if entry is None:
+                acked += self._ack_absent(message, session)
+            elif entry.status is Status.WAITING or self._may_act(entry, session):
+                self._remove(entry, Reason.ACK)
+                acked += 1
+            else:
+                refused.append(entry.bookmark)
+        return AckResult(acked, tuple(refused))
+
+    def _ack_absent(self, message: MessageId, session: Hashable) -> int:
+        taken = self._taken.get(message)
+        if taken is not None:
+            if not self.policy.permissive and taken.holder.session != session:  # type: ignore[union-attr]
+                return 0
+            self._drop_taken(taken)
+            return 1
+        if self._unread(message):
+            self._early_for(message).removed = True
+            self.outbox.events.append(QueueEvent(EventKind.REMOVE, message, reason=Reason.ACK))
+            return 1
+        return 0  # already gone
+
+    def _may_act(self, entry: QueueEntry, session: Hashable) -> bool:
+        if self.policy.permissive:
+            return True
+        return entry.status is Status.LEASED and entry.holder.session == session  # type: ignore[union-attr]
+
+    def cancel(self, messages: Iterable[MessageId], session: Hashable) -> AckResult:
+        """Return leased messages to the queue, counting toward MaxCancels (expired past it).
+
+        at-most-once: no effect on the message, but the backlog slot is freed.
+        """
+        return self._each(messages, session, self._cancel_one)
+
+    def expire(self, messages: Iterable[MessageId], session: Hashable) -> AckResult:
+        """Remove messages at once, as expired (dead-lettered when the queue has a target)."""
+        return self._each(
+            messages, session, lambda entry: self._remove(entry, Reason.EXPIRE, dead_letter=True)
+        )
+
+    def _each(
+        self,
+        messages: Iterable[MessageId],
+        session: Hashable,
+        action: Callable[[QueueEntry], None],
+    ) -> AckResult:
+        done, refused = 0, []
+        for message in messages:
+            taken = self._taken.get(message)
+            if taken is not None:
+                done += self._ack_absent(message, session)
+                continue
+            entry = self.entries.get(message)
+            if entry is None or entry.status is Status.WAITING:
+                continue
+            if self._may_act(entry, session):
+                action(entry)
+                done += 1
+            else:
+                refused.append(entry.bookmark)
+        return AckResult(done, tuple(refused))
+
+    def _cancel_one(self, entry: QueueEntry) -> None:
+        entry.cancels += 1
+        self.dirty[entry.id] = entry
+        limit = self.policy.max_cancels
+        if limit is not None and entry.cancels > limit:
+            self._remove(entry, Reason.EXPIRE, dead_letter=True)
+            return
+        self._record(EventKind.CANCEL, entry)
+        if entry.status is Status.LEASED:
+            self._lease_ended(entry, self.clock())
+
+    def ack_by_filter(self, matches: Callable[[Any], bool], session: Hashable) -> int:
+        """sow_delete with a filter: every active message that matches, leased or not
+        (with Leasing strict, not those another session holds)."""
+        victims = [
+            entry
+            for entry in self.entries.values()
+            if entry.status in IN_QUEUE
+            and (entry.status is not Status.LEASED or self._may_act(entry, session))
+            and _evaluate(matches, entry.data)
+        ]
+        for entry in victims:
+            self._remove(entry, Reason.ACK)
+        return len(victims)
+
+    # -- time ---------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Leases that ran out, then messages whose time in the queue is over."""
+        now = self.clock()
+        leases = self._leases
+        while leases and leases[0][0] <= now:
+            _, _, number, entry = heapq.heappop(leases)
+            if entry.lease_no == number and entry.status in (Status.LEASED, Status.TAKEN):
+                self._lease_ended(entry, now)
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            entry = heapq.heappop(expiry)[2]
+            if entry.status in (Status.AVAILABLE, Status.HELD):
+                self._remove(entry, Reason.EXPIRE, dead_letter=True)
+
+    def next_due(self) -> int | None:
+        """The earliest time `tick` may have something to do."""
+        times = [heap[0][0] for heap in (self._leases, self._expiry) if heap]
+        return min(times) if times else None
+
+    def _lease_ended(self, entry: QueueEntry, now: int) -> None:
+        """A lease ran out or was broken: back to the queue if the message has been in it
+        less than Expiration and delivered fewer than MaxDeliveries times, else removed."""
+        if entry.status is Status.TAKEN:
+            self._drop_taken(entry)
+            return
+        self._unlease(entry)
+        limit = self.policy.max_deliveries
+        if (entry.deadline is not None and entry.deadline <= now) or (
+            limit is not None and entry.deliveries >= limit
+        ):
+            self._remove(entry, Reason.EXPIRE, dead_letter=True)
+        else:
+            self._make_available(entry)
+
+    def _unlease(self, entry: QueueEntry) -> None:
+        holder = entry.holder
+        if holder is not None:
+            holder.outstanding -= 1
+            self._leased[holder].pop(entry.id, None)
+            entry.holder = None
+        entry.lease_no = 0
+
+    def _drop_taken(self, entry: QueueEntry) -> None:
+        """An at-most-once delivery is acknowledged: the subscriber has room again."""
+        self._unlease(entry)
+        del self._taken[entry.id]
+        entry.status = Status.REMOVED
+        self._gone(entry)
+
+    # -- leaving the queue -----------------------------------------------------------
+    def _remove(
+        self, entry: QueueEntry, reason: Reason, *, dead_letter: bool = False, record: bool = True
+    ) -> None:
+        status = entry.status
+        if status is Status.LEASED:
+            self._unlease(entry)
+        if status in IN_QUEUE:
+            self._active -= 1
+        entry.status = Status.REMOVED
+        del self.entries[entry.id]
+        self.dirty[entry.id] = entry
+        if record:
+            self.outbox.events.append(QueueEvent(EventKind.REMOVE, entry.id, reason=reason))
+            if dead_letter:
+                self.outbox.dead_letters.append(entry)
+        if entry is self._barrier:
+            self._barrier = None
+            self._release_held()
+        else:
+            self._gone(entry)
+        self._promote()
+
+    def _gone(self, entry: QueueEntry) -> None:
+        """A message left the queue and every backlog: it no longer holds a barrier back."""
+        barrier = self._barrier
+        if barrier is not None and entry.seq < barrier.seq:
+            self._before_barrier -= 1
+            if self._before_barrier == 0:
+                self._send_barrier(barrier)
+
+    def _send_barrier(self, barrier: QueueEntry) -> None:
+        """Seed 001: every message before the barrier is acknowledged, so the barrier goes to
+        every current subscription whose filter matches, ignoring backlogs, and leaves the
+        queue without waiting for an acknowledgement."""
+        for subscription in self.subscriptions:
+            if subscription.wants(barrier):
+                self.outbox.deliveries.append(Delivery(subscription, barrier, None))
+        self._remove(barrier, Reason.BARRIER)
+
+    def _release_held(self) -> None:
+        """Messages behind a barrier that was sent become deliverable, up to the next one."""
+        held, self._held = self._held, deque()
+        for entry in held:
+            if entry.status is Status.HELD:
+                self._place(entry)
+        barrier = self._barrier
+        if barrier is not None and self._before_barrier == 0:
+            self._send_barrier(barrier)
+
+    def _promote(self) -> None:
+        """TargetQueueDepth: activate waiting messages while the active part has room."""
+        depth = self.policy.target_depth
+        if depth is None:
+            return
+        now = self.clock()
+        waiting = self._waiting
+        while waiting and self._active < depth:
+            entry = waiting.popleft()
+            if entry.status is not Status.WAITING:
+                continue  # acknowledged while it waited
+            if entry.deadline is not None and entry.deadline <= now:
+                entry.status = Status.AVAILABLE  # counted active only to leave at once
+                self._active += 1
+                self._remove(entry, Reason.EXPIRE, dead_letter=True)
+                continue
+            self._activate(entry)
+
+    # -- views ---------------------------------------------------------------------------
+    def browse(self, matches: Callable[[Any], bool] | None = None) -> list[QueueEntry]:
+        """sow on the queue: the active messages (not those beyond TargetQueueDepth), in
+        delivery order."""
+        found = [
+            e
+            for e in self.entries.values()
+            if e.status in IN_QUEUE and (matches is None or _evaluate(matches, e.data))
+        ]
+        found.sort(key=lambda e: (-e.rank, e.seq))
+        return found
+
+    @property
+    def depth(self) -> int:
+        """Messages in the queue, active or not."""
+        return len(self.entries)
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @property
+    def waiting(self) -> int:
+        return len(self.entries) - self._active
+
+    def leased(self) -> Iterator[QueueEntry]:
+        for leases in self._leased.values():
+            yield from leases.values()
+
+    def take_dirty(self) -> tuple[dict[MessageId, QueueEntry], dict[MessageId, Early | None]]:
+        dirty, early = self.dirty, self.dirty_early
+        self.dirty, self.dirty_early = {}, {}
+        return dirty, early
+
+    def recovery_point(self) -> RecoveryPoint:
+        """Where a rebuild of this queue from the logs can start (see RecoveryPoint)."""
+        offsets, floors = {}, [self._floor()]
+        for tp, order in self._partitions.items():
+            topic, partition = tp
+            while order and (topic, partition, order[0][0]) not in self.entries:
+                order.popleft()
+            if order:
+                offsets[tp] = order[0][0]
+                floors.append(order[0][1])
+            else:
+                offsets[tp] = self.positions[tp]
+        self._forget_passed_early()
+        return RecoveryPoint(offsets, min(floors))
+
+    def _forget_passed_early(self) -> None:
+        """Acks for offsets the queue read past without finding a message (a transaction
+        marker, a compacted record) can never be used."""
+        passed = [m for m in self._early if not self._unread(m)]
+        for message in passed:
+            self._pop_early(message)
