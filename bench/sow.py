@@ -171,7 +171,8 @@ def bench_expiration(servers: str, count: int) -> None:
         return
     p50, p99 = lags[len(lags) // 2], lags[int(len(lags) * 0.99) - 1]
     print(
-        f"expiration lag over {len(lags):,} records: p50 {p50:.0f} ms, p99 {p99:.0f} ms (target p99 <= 100 ms)"
+        f"expiration lag over {len(lags):,} records: p50 {p50:.0f} ms, p99 {p99:.0f} ms "
+        "(target p99 <= 100 ms)"
     )
 
 
