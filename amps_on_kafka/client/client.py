@@ -64,7 +64,9 @@ class Client:
         """Publish; returns the sequence number. Persisted once publish_flush returns."""
         return self.transport.publish(topic, data, expiration, Command.PUBLISH, **kw)
 
-    def delta_publish(self, topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
+    def delta_publish(
+        self, topic: str, data: Any, expiration: float | None = None, **kw: Any
+    ) -> int:
         return self.transport.publish(topic, data, expiration, Command.DELTA_PUBLISH, **kw)
 
     def sow_delete(

@@ -13,9 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from amps_on_kafka.errors import MessageError, PublishError
 from amps_on_kafka.log.codecs import encode_payload
@@ -86,8 +87,13 @@ class LogPublisher:
         sow_key: str | None = None,
         correlation_id: str | None = None,
         on_persisted: Persisted | None = None,
+        sequence: int | None = None,
     ) -> int:
-        """Produce a publish or delta_publish; returns its sequence number."""
+        """Produce a publish or delta_publish; returns its sequence number.
+
+        An explicit `sequence` is for republishing: a publish store sends a message again
+        with the number it had, so subscribers' duplicate detection recognises the copy.
+        """
         spec = self._specs.get(topic) or self.spec(topic)
         value, document = encode_payload(spec.codec, data)
         extract = spec.key_extractor
@@ -100,7 +106,8 @@ class LogPublisher:
             raise MessageError(
                 f"expiration must be 0 (never) or a positive number of seconds, got {expiration}"
             )
-        sequence = next(self._sequences)
+        if sequence is None:
+            sequence = next(self._sequences)
         headers = command_headers(
             self._publisher_bytes,
             sequence,
@@ -110,7 +117,7 @@ class LogPublisher:
             correlation_id,
             spec.message_type,
         )
-        self._produce(topic, key, value, headers, on_persisted)
+        self._produce(topic, key, value, headers, sequence, on_persisted)
         return sequence
 
     def sow_delete(
@@ -122,12 +129,14 @@ class LogPublisher:
         data: Any = None,
         correlation_id: str | None = None,
         on_persisted: Persisted | None = None,
+        sequence: int | None = None,
     ) -> list[int]:
         """Produce a sow_delete by filter, by SOW keys or by data (exactly one of them).
 
         The records go where the state lives: a delete by filter to every partition, a
         delete by keys one record per key, routed by the key like the publishes it
-        deletes. Returns the sequence of every record written.
+        deletes. Returns the sequence of every record written: with an explicit
+        `sequence` (a republish), the records are numbered from it, one apart.
         """
         given = [
             name
@@ -140,24 +149,40 @@ class LogPublisher:
             )
         spec = self.spec(topic)
         common = {"correlation_id": correlation_id, "message_type": spec.message_type}
+        numbers = self._sequences if sequence is None else itertools.count(sequence)
         if filter is not None:
             return [
                 self._delete_record(
-                    topic, None, None, Envelope(filter=filter, **common), on_persisted, partition
+                    topic,
+                    None,
+                    None,
+                    Envelope(filter=filter, sequence=next(numbers), **common),
+                    on_persisted,
+                    partition,
                 )
                 for partition in range(spec.partitions)
             ]
         if keys is not None:
             return [
                 self._delete_record(
-                    topic, key, None, Envelope(sow_keys=(key,), **common), on_persisted
+                    topic,
+                    key,
+                    None,
+                    Envelope(sow_keys=(key,), sequence=next(numbers), **common),
+                    on_persisted,
                 )
                 for key in (str(k) for k in keys)
             ]
         value, document = encode_payload(spec.codec, data)
         key = self._sow_key(spec, document, None)
         return [
-            self._delete_record(topic, key, value, Envelope(sow_key=key, **common), on_persisted)
+            self._delete_record(
+                topic,
+                key,
+                value,
+                Envelope(sow_key=key, sequence=next(numbers), **common),
+                on_persisted,
+            )
         ]
 
     def _delete_record(
@@ -169,11 +194,9 @@ class LogPublisher:
         on_persisted: Persisted | None,
         partition: int | None = None,
     ) -> int:
-        sequence = next(self._sequences)
-        stamped = replace(
-            envelope, command=Command.SOW_DELETE, publisher_id=self.publisher_id, sequence=sequence
-        )
-        self._produce(topic, key, value, stamped.to_headers(), on_persisted, partition)
+        stamped = replace(envelope, command=Command.SOW_DELETE, publisher_id=self.publisher_id)
+        sequence: int = stamped.sequence  # type: ignore[assignment]
+        self._produce(topic, key, value, stamped.to_headers(), sequence, on_persisted, partition)
         return sequence
 
     def _sow_key(self, spec: TopicSpec, document: Any, explicit: str | None) -> str | None:
@@ -198,13 +221,15 @@ class LogPublisher:
         key: str | None,
         value: bytes | None,
         headers: list[tuple[str, bytes]],
+        sequence: int,
         on_persisted: Persisted | None,
         partition: int | None = None,
     ) -> None:
+        delivered = partial(self._delivered, sequence)  # a failure must name its publish
         if on_persisted is None:
-            callback = self._delivered
+            callback = delivered
         elif self.report_successes:
-            callback = _chain(self._delivered, on_persisted)
+            callback = _chain(delivered, on_persisted)
         else:
             raise ValueError("on_persisted needs a LogPublisher made with report_successes=True")
         raw_key = key.encode() if key is not None else None
@@ -217,15 +242,19 @@ class LogPublisher:
                 break
             except BufferError:
                 self._producer.poll(0.05)  # the local queue is full: let deliveries drain
+            except KafkaException as exc:  # refused before sending, e.g. too large
+                raise PublishError(
+                    f"Kafka refused a publish to {topic!r}: {exc.args[0].str()}"
+                ) from exc
         self._unpolled += 1
         if self._unpolled >= POLL_EVERY:
             self._unpolled = 0
             self._producer.poll(0)
 
-    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+    def _delivered(self, sequence: int, error: KafkaError | None, message: Message) -> None:
         if error is None:
             return
-        failure = FailedWrite(message.topic(), _sequence_of(message), error.str())
+        failure = FailedWrite(message.topic(), sequence, error.str())
         if self.on_failed_write is not None:
             self.on_failed_write(failure)
         else:
@@ -264,10 +293,3 @@ def _chain(
         second(PublishError(error.str()) if error is not None else None, message)
 
     return both
-
-
-def _sequence_of(message: Message) -> int | None:
-    for name, value in message.headers() or ():
-        if name == "s" and value is not None:
-            return int(value)
-    return None
