@@ -18,6 +18,7 @@ from amps_on_kafka.client import Client
 from amps_on_kafka.log.message import COMPLETED
 
 SYMBOLS = ("IBM", "MSFT", "AAPL", "ORCL")
+CLI = (sys.executable, "-m", "amps_on_kafka.cli")
 
 
 def _step(title: str) -> None:
@@ -25,7 +26,7 @@ def _step(title: str) -> None:
 
 
 def _run(*args: str) -> str:
-    click.secho("$ " + shlex.join(args), fg="yellow")
+    click.secho("$ amps-kafka " + shlex.join(args[len(CLI) :]), fg="yellow")
     result = subprocess.run(args, capture_output=True, text=True, check=False)
     sys.stdout.write(result.stdout)
     if result.returncode != 0:
@@ -36,7 +37,7 @@ def _run(*args: str) -> str:
 def main() -> None:
     bootstrap = resolve_bootstrap(None, echo=click.echo)
     topic = f"tour.orders.{int(time.time())}"
-    cli = [sys.executable, "-m", "amps_on_kafka.cli"]
+    cli = CLI
 
     _step("Create a 4-partition log topic keyed by /id")
     _run(*cli, "topics", "create", topic, "--partitions", "4", "--key", "/id")
