@@ -17,18 +17,26 @@ from amps_on_kafka.log.message import COMPLETED
 from bench.common import Result, bootstrap, documents, encoded_size, new_topic, report, timed
 
 
-def raw_produce(servers: str, topic: str, docs: list[dict]) -> Result:
-    """Raw confluent-kafka with the same producer settings (acks=all, idempotent)."""
+def raw_produce(servers: str, topic: str, docs: list[dict], *, envelope: bool = False) -> Result:
+    """Raw confluent-kafka with the same producer settings (acks=all, idempotent).
+
+    With `envelope`, each record also carries what ours carries (the key as Kafka key, and
+    publisher, sequence and key headers), built by hand: the cost of the metadata itself.
+    """
     producer = log_producer(servers)
     producer.produce(topic, orjson.dumps(docs[0]))
     producer.flush(30)  # connected and warm before the clock starts
 
     def run() -> None:
-        produce, poll = producer.produce, producer.poll
+        produce, poll, dumps = producer.produce, producer.poll, orjson.dumps
         for i, doc in enumerate(docs):
+            key = headers = None
+            if envelope:
+                key = b"%d" % doc["id"]
+                headers = [("p", b"raw"), ("s", b"%d" % i), ("k", key)]
             while True:
                 try:
-                    produce(topic, orjson.dumps(doc))
+                    produce(topic, dumps(doc), key, headers=headers)
                     break
                 except BufferError:
                     poll(0.05)
@@ -36,7 +44,7 @@ def raw_produce(servers: str, topic: str, docs: list[dict]) -> Result:
                 poll(0)
         assert producer.flush(120) == 0
 
-    return timed("raw", len(docs), run)
+    return timed("raw+envelope" if envelope else "raw", len(docs), run)
 
 
 def client_publish(servers: str, topic: str, docs: list[dict]) -> Result:
@@ -110,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         peer = raw_produce(servers, raw_topic, docs)
         ours = client_publish(servers, our_topic, docs)
         report(f"publish, persisted acks, {partitions} partition(s)", ours, peer, 0.8)
+        dressed = raw_produce(servers, raw_topic, docs, envelope=True)
+        report("  the same, beside raw carrying the same metadata", ours, dressed)
         total = len(docs) + 1  # the warm-up message is in the log too
         peer = raw_consume(servers, raw_topic, partitions, total)
         ours = client_replay(servers, our_topic, total)
