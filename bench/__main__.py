@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["log", "filters", "sow"]
+BENCHMARKS = ["log", "filters", "sow", "spark"]
 
 
 def main() -> None:

@@ -1,0 +1,75 @@
+"""The SparkSession of a pipeline job: local by default, any cluster by its master URL.
+
+The log is read by a Python data source (amps_on_kafka.spark.source), so a job needs no
+jar: the session is plain PySpark. Timestamps are handled in UTC whatever the machine's
+zone, so export dates and as-of moments mean the same everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+_SUBMITTED = "PYSPARK_GATEWAY_PORT"  # set by spark-submit for the Python driver it starts
+
+
+@contextmanager
+def spark_session(
+    master: str | None = None,
+    *,
+    app_name: str = "amps-kafka",
+    shuffle_partitions: int | None = None,
+    progress: bool = True,
+) -> Iterator[SparkSession]:
+    """A session for one job, stopped at the end; an already active session is reused as is.
+
+    `master` None means what spark-submit was given, else DEFAULT_MASTER. `progress`
+    shows Spark's console progress bar (stage and task counts) on stderr.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+    session = _builder(master, app_name, shuffle_partitions, progress).getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _builder(
+    master: str | None,
+    app_name: str,
+    shuffle_partitions: int | None,
+    progress: bool,
+) -> SparkSession.Builder:
+    settings = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": str(progress).lower(),
+    }
+    if master is None and _SUBMITTED not in os.environ:
+        master = DEFAULT_MASTER
+    if master is not None and master.startswith("local"):
+        _use_this_machine()
+        settings["spark.ui.enabled"] = "false"  # no web server for a job on this machine
+    if shuffle_partitions is not None:
+        settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder
+
+
+def _use_this_machine() -> None:
+    """Local master: Python workers run this interpreter (its venv), and Spark binds to
+    loopback only. Environment, not conf: the JVM and its planner workers read these."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
