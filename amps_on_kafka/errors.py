@@ -39,3 +39,7 @@ class MessageError(AmpsError, ValueError):
 
 class TransportError(AmpsError, ConnectionError):
     """The transport to Kafka or to a gateway failed."""
+
+
+class ServerError(AmpsError):
+    """The gateway refused a command; the message is the server's reason."""

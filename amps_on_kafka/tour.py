@@ -7,11 +7,15 @@ Run by `scripts/tour.sh` after it has set everything up. Each replay is the real
 from __future__ import annotations
 
 import shlex
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import click
+import yaml
 
 from amps_on_kafka.broker import resolve_bootstrap
 from amps_on_kafka.client import Client
@@ -67,7 +71,81 @@ def main() -> None:
 
     _step("NOW (0|1|) replays nothing: only what comes next")
     _run(*cli, "replay", topic, "--bookmark", "0|1|")
+
+    _sow_tour(bootstrap, topic)
     click.secho("\nDone. Try: amps-kafka --help", fg="green")
+
+
+def _sow_tour(bootstrap: str, topic: str) -> None:
+    """A worker keeps the SOW of the topic; the client queries and updates it over tcp."""
+    _step("Start a worker: the State of the World of the topic, served on a gateway")
+    with tempfile.TemporaryDirectory() as workdir:
+        config = Path(workdir) / "tour.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "Topics": [{"Name": topic, "Partitions": 4}],
+                    "SOW": [{"Topic": topic, "Key": "/id", "Expiration": "enabled"}],
+                }
+            )
+        )
+        listen = f"127.0.0.1:{_free_port()}"
+        command = [*CLI, "worker", "--config", str(config), "--state-dir", f"{workdir}/state"]
+        click.secho(
+            "$ amps-kafka " + shlex.join([*command[len(CLI) :], "--listen", listen]), fg="yellow"
+        )
+        worker = subprocess.Popen(
+            [*command, "--listen", listen, "--bootstrap", bootstrap, "--log-level", "WARNING"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _wait_ready(worker)
+            _query_the_sow(f"tcp://{listen}/amps/json", topic)
+            _step("The same query from the shell")
+            _run(
+                *CLI,
+                "sow",
+                topic,
+                "--server",
+                f"tcp://{listen}/amps/json",
+                "--filter",
+                "/qty > 1000",
+            )
+        finally:
+            worker.terminate()
+            worker.wait(30)
+
+
+def _query_the_sow(uri: str, topic: str) -> None:
+    with Client("tour-viewer") as client:
+        client.connect(uri)
+        client.logon()
+        client.delta_publish(topic, {"id": 1, "qty": 4200})
+        client.publish(topic, {"id": 99, "sym": "TMP", "qty": 1}, expiration=5)
+        # A delete by filter goes to every partition; its processed ack comes once every
+        # partition applied it, and with it everything published before it.
+        ack = client.sow_delete(topic, "/sym = 'ORCL'")
+        click.echo("delta_publish id 1 (qty 4200); publish id 99 living 5 s; delete every ORCL")
+        click.echo(f"  the sow_delete ack says {ack.matches} records were deleted")
+        for record in client.sow(topic, "/id IN (1, 99)", order_by="/id"):
+            click.echo(f"  sow: key {record.sow_key} {record.data} at {record.bookmark}")
+        count = sum(1 for _ in client.sow(topic))
+        click.echo(f"  the SOW holds {count} records: 12 orders less 3 ORCL, and id 99 while alive")
+
+
+def _wait_ready(worker: subprocess.Popen) -> None:
+    for line in worker.stderr:  # type: ignore[union-attr]
+        if "worker ready" in line:
+            click.echo(line.strip())
+            return
+    raise click.ClickException(f"the worker stopped before it was ready (exit {worker.wait()})")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _first_message(client: Client, topic: str):

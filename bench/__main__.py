@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["log", "filters", "sow", "spark"]
+BENCHMARKS = ["log", "filters", "sow", "gateway", "spark"]
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from amps_on_kafka.cli.bookmark import bookmark
 from amps_on_kafka.cli.broker import broker
 from amps_on_kafka.cli.publish import publish
 from amps_on_kafka.cli.replay import replay
+from amps_on_kafka.cli.sow import sow, subscribe
 from amps_on_kafka.cli.spark import spark
 from amps_on_kafka.cli.topics import topics
 from amps_on_kafka.cli.worker import worker
@@ -19,5 +20,5 @@ def main() -> None:
     """AMPS-style messaging semantics on Apache Kafka."""
 
 
-for command in (broker, topics, publish, replay, bookmark, worker, spark):
+for command in (broker, topics, publish, replay, bookmark, worker, sow, subscribe, spark):
     main.add_command(command)

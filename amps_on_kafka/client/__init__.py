@@ -1,6 +1,29 @@
-"""The adapter client: `Client` and the message streams it returns."""
+"""The adapter client: `Client`, the message streams it returns, and `Command`; bookmark
+and publish stores and the reconnecting `HAClient` (docs/subscribers.md)."""
 
+from amps_on_kafka.client.bookmark_store import (
+    LoggedBookmarkStore,
+    MemoryBookmarkStore,
+    RingBookmarkStore,
+)
 from amps_on_kafka.client.client import Client
+from amps_on_kafka.client.command import Command
+from amps_on_kafka.client.ha import Backoff, HAClient, RoundRobinChooser
+from amps_on_kafka.client.message import Message
+from amps_on_kafka.client.publish_store import FilePublishStore, MemoryPublishStore
 from amps_on_kafka.client.stream import MessageStream
 
-__all__ = ["Client", "MessageStream"]
+__all__ = [
+    "Backoff",
+    "Client",
+    "Command",
+    "FilePublishStore",
+    "HAClient",
+    "LoggedBookmarkStore",
+    "MemoryBookmarkStore",
+    "MemoryPublishStore",
+    "Message",
+    "MessageStream",
+    "RingBookmarkStore",
+    "RoundRobinChooser",
+]

@@ -7,12 +7,14 @@ of configuration bug in a messaging system.
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from amps_on_kafka.config.durations import parse_duration
+from amps_on_kafka.expr import compile_expression, compile_filter
 
 MessageType = Literal["json", "avro", "binary"]
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -101,6 +103,116 @@ class GatewayConfig(_Strict):
     max_frame_bytes: int = Field(4 * 1024 * 1024, alias="MaxFrameBytes", ge=1024)
 
 
+Semantics = Literal["at-least-once", "at-most-once"]
+Fairness = Literal["fast", "round-robin", "proportional"]
+
+
+class QueueConfig(_Strict):
+    """A message queue: a view over the log topics its UnderlyingTopic regex matches (seed 001).
+
+    Defaults are this project's (AMPS leaves some to the instance): LeasePeriod 60s,
+    MaxPerSubscriptionBacklog 1000, no Expiration, no MaxCancels or MaxDeliveries limit.
+    """
+
+    name: str = Field(alias="Name")
+    underlying_topic: str | None = Field(None, alias="UnderlyingTopic")
+    default_publish_target: str | None = Field(None, alias="DefaultPublishTarget")
+    semantics: Semantics = Field("at-least-once", alias="Semantics")
+    lease_period: Seconds = Field(60.0, alias="LeasePeriod", gt=0)
+    expiration: Seconds | None = Field(None, alias="Expiration", gt=0)
+    max_per_subscription_backlog: int = Field(1000, alias="MaxPerSubscriptionBacklog", ge=1)
+    delivery_fairness: Fairness | None = Field(None, alias="DeliveryFairness")
+    max_cancels: int | None = Field(None, alias="MaxCancels", ge=0)
+    max_deliveries: int | None = Field(None, alias="MaxDeliveries", ge=1)
+    leasing: Literal["strict", "permissive"] = Field("strict", alias="Leasing")
+    priority: str | None = Field(None, alias="Priority")
+    barrier_expression: str | None = Field(None, alias="BarrierExpression")
+    target_queue_depth: int | None = Field(None, alias="TargetQueueDepth", ge=1)
+    dead_letter_topic: str | None = Field(None, alias="DeadLetterTopic")
+
+    _check_name = field_validator("name")(check_topic_name)
+
+    @field_validator("default_publish_target", "dead_letter_topic")
+    @classmethod
+    def _topic_names(cls, value: str | None) -> str | None:
+        return None if value is None else check_topic_name(value)
+
+    @field_validator("underlying_topic")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+    @field_validator("priority")
+    @classmethod
+    def _priority(cls, value: str | None) -> str | None:
+        if value is not None:
+            compile_expression(value)  # FilterError is a ValueError: it names the position
+        return value
+
+    @field_validator("barrier_expression")
+    @classmethod
+    def _barrier(cls, value: str | None) -> str | None:
+        if value is not None:
+            compile_filter(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QueueConfig:
+        if self.semantics == "at-most-once" and self.delivery_fairness not in (None, "round-robin"):
+            raise ValueError(
+                f"DeliveryFairness {self.delivery_fairness!r}: an at-most-once queue supports "
+                "only round-robin"
+            )
+        if self.target_queue_depth is not None:
+            for key, value in (
+                ("Priority", self.priority),
+                ("BarrierExpression", self.barrier_expression),
+            ):
+                if value is not None:
+                    raise ValueError(f"TargetQueueDepth can't be set together with {key}")
+        target = self.publish_target
+        if target is not None and not self.views(target):
+            raise ValueError(
+                f"DefaultPublishTarget {target!r} does not match UnderlyingTopic "
+                f"{self.topic_pattern!r}, so publishes to the queue would never enqueue"
+            )
+        return self
+
+    @property
+    def topic_pattern(self) -> str:
+        """UnderlyingTopic, or the queue's own name (matched literally) when there is none."""
+        return self.underlying_topic if self.underlying_topic is not None else re.escape(self.name)
+
+    @cached_property
+    def _pattern(self) -> re.Pattern[str]:
+        return re.compile(self.topic_pattern)
+
+    def views(self, topic: str) -> bool:
+        """Whether a message published to this log topic is enqueued (the whole name matches)."""
+        return self._pattern.fullmatch(topic) is not None
+
+    @property
+    def publish_target(self) -> str | None:
+        """Where a publish to the queue's name goes; None when the name is an underlying topic.
+
+        A queue named differently from its underlying topics gets `<Name>_DIRECT` by default.
+        """
+        if self.default_publish_target is not None:
+            return self.default_publish_target
+        return None if self.views(self.name) else f"{self.name}_DIRECT"
+
+    @property
+    def fairness(self) -> Fairness:
+        if self.delivery_fairness is not None:
+            return self.delivery_fairness
+        return "proportional" if self.semantics == "at-least-once" else "round-robin"
+
+
 class Config(_Strict):
     """A whole configuration file."""
 
@@ -108,6 +220,7 @@ class Config(_Strict):
     topics: tuple[TopicConfig, ...] = Field((), alias="Topics")
     sow: tuple[SowConfig, ...] = Field((), alias="SOW")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, alias="Gateway")
+    queues: tuple[QueueConfig, ...] = Field((), alias="Queues")
 
     @model_validator(mode="after")
     def _sow_topics_are_log_topics(self) -> Config:
@@ -124,3 +237,27 @@ class Config(_Strict):
 
     def sow_for(self, name: str) -> SowConfig | None:
         return next((s for s in self.sow if s.topic == name), None)
+
+    @model_validator(mode="after")
+    def _queue_names_unique(self) -> Config:
+        names = [q.name for q in self.queues]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Queues: a Name appears twice in {names}")
+        return self
+
+    def queue(self, name: str) -> QueueConfig | None:
+        return next((q for q in self.queues if q.name == name), None)
+
+    def publish_target(self, topic: str) -> str:
+        """The log topic a publish to `topic` is written to (seed 001's routing table).
+
+        A publish to a queue's name goes to its DefaultPublishTarget; any other topic is
+        written as named.
+        """
+        queue = self.queue(topic)
+        target = queue.publish_target if queue is not None else None
+        return target if target is not None else topic
+
+    def queues_viewing(self, topic: str) -> list[QueueConfig]:
+        """The queues that enqueue a message written to the log topic `topic`."""
+        return [q for q in self.queues if q.views(topic)]

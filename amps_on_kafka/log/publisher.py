@@ -265,6 +265,10 @@ class LogPublisher:
         """Commands produced that Kafka has not acknowledged yet."""
         return len(self._producer)
 
+    def poll(self, timeout: float = 0.0) -> None:
+        """Serve delivery reports (persisted callbacks) without waiting for all of them."""
+        self._producer.poll(timeout)
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until Kafka acknowledged everything; raise on failures or a timeout."""
         remaining = self._producer.flush(-1 if timeout is None else timeout)

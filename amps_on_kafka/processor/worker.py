@@ -33,6 +33,7 @@ from amps_on_kafka.log.kafka import consume_available, log_producer
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.topics import spec_from_config
 from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.state.events import BatchApplied, CommandResult
 from amps_on_kafka.state.sow import Applied, SowRules
 from amps_on_kafka.state.store import PartitionStore, StateBatch, store_path
@@ -70,6 +71,9 @@ class Worker:
             for sow in config.sow
         }
         self.engine = SowEngine(config, self.rules, clock)
+        self.queues = (
+            QueueEngine(config, bootstrap, self.state_dir, clock=clock) if config.queues else None
+        )
         self.rejected = 0
         self.applied = 0  # log records applied since start: a resumed worker applies none twice
         self._stop = threading.Event()
@@ -90,6 +94,8 @@ class Worker:
             self.raise_if_failed()
             if time.monotonic() > deadline:
                 raise TransportError(f"worker not ready after {timeout}s (no partitions assigned)")
+        if self.queues is not None:
+            self.queues.wait_ready(timeout)
 
     def next_offsets(self, topic: str) -> dict[int, int | None]:
         """The next offset each owned partition of a topic will apply."""
@@ -116,6 +122,8 @@ class Worker:
             raise
 
     def run(self) -> None:
+        if self.queues is not None:
+            self.queues.start()
         consumer = self._consumer()
         try:
             consumer.subscribe(
@@ -133,6 +141,8 @@ class Worker:
             consumer.close()  # revokes, which closes every store
             if self._dead_letters is not None:
                 self._dead_letters.flush(10)
+            if self.queues is not None:
+                self.queues.stop()
 
     def _consumer(self) -> Consumer:
         return Consumer(

@@ -188,6 +188,7 @@ class QueueEntry:
     deliveries: int = 0
     cancels: int = 0
     ev_pos: int = 0  # no event about this message can be earlier in the events log
+    stored: bool = False  # written to the state store (a message never stored needs no delete)
     status: Status = Status.WAITING
     holder: Subscription | None = None
     lease_until: int = 0
@@ -518,12 +519,14 @@ class QueueState:
         entry.lease_no = next(self._lease_numbers)
         entry.lease_until = now + self.policy.lease_ms
         heapq.heappush(self._leases, (entry.lease_until, entry.seq, entry.lease_no, entry))
-        self.dirty[entry.id] = entry
         if self.policy.at_most_once:
+            self.dirty[entry.id] = entry
             self._take(entry)
         else:
             entry.status = Status.LEASED
-            self._record(EventKind.DELIVER, entry)
+            if self.policy.max_deliveries is not None:  # only MaxDeliveries reads the count
+                self.dirty[entry.id] = entry
+                self._record(EventKind.DELIVER, entry)
         self.outbox.deliveries.append(Delivery(subscription, entry, entry.lease_until))
 
     def _take(self, entry: QueueEntry) -> None:
@@ -632,9 +635,12 @@ class QueueState:
             and (entry.status is not Status.LEASED or self._may_act(entry, session))
             and _evaluate(matches, entry.data)
         ]
+        removed = 0
         for entry in victims:
-            self._remove(entry, Reason.ACK)
-        return len(victims)
+            if entry.status in IN_QUEUE:  # a barrier released on the way has gone already
+                self._remove(entry, Reason.ACK)
+                removed += 1
+        return removed
 
     # -- time ---------------------------------------------------------------------------
     def tick(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -26,8 +28,8 @@ def lines(output: str) -> list[dict]:
 
 @pytest.fixture
 def topic(run, request):
-    name = f"cli-{request.node.name[-40:].replace('[', '-').replace(']', '')}"
-    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
+    label = "".join(c if c.isalnum() or c in "._-" else "-" for c in request.node.name[-40:])
+    name = f"cli-{label}-{uuid.uuid4().hex[:6]}"  # unique even on a broker kept between runs
     result = run("topics", "create", name, "--partitions", "4", "--key", "/id")
     assert result.exit_code == 0, result.output
     docs = ({"id": i, "sym": "IBM" if i % 3 == 0 else "MSFT"} for i in range(12))

@@ -1,0 +1,170 @@
+"""`amps-kafka log`: the transaction log in Kafka's terms (docs/operations.md).
+
+AMPS manages journal files (archive, compress, remove); here the log is a Kafka topic and
+the broker manages its segments. What an operator needs is what can still be replayed
+(`log info`: per partition, the earliest and latest offsets and when they were written)
+and how long it is kept (`log retention`: the topic's retention.ms).
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
+
+from amps_on_kafka.cli.common import bootstrap_option, kafka, reports_errors
+from amps_on_kafka.cli.replay import iso_time
+from amps_on_kafka.config import parse_duration
+from amps_on_kafka.errors import ConfigError, TransportError
+from amps_on_kafka.log.bookmarks import TP, Watermarks, watermarks
+from amps_on_kafka.log.kafka import METADATA_TIMEOUT, admin_client, partitions_of, reader
+from amps_on_kafka.log.replay import select_topics
+
+SHOWN_CONFIGS = ("retention.ms", "retention.bytes", "cleanup.policy", "remote.storage.enable")
+_UNITS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1))
+
+
+@click.group("log")
+def log() -> None:
+    """What the log still holds, and how long Kafka keeps it."""
+
+
+@log.command("info")
+@click.argument("topic", required=False)
+@bootstrap_option
+@reports_errors
+def info(topic: str | None, bootstrap: str | None) -> None:
+    """Per partition of TOPIC (a name or a regex; default: every topic): the earliest and
+    latest offsets and their timestamps, i.e. what a bookmark can still replay."""
+    servers = kafka(bootstrap)
+    admin = admin_client(servers)
+    consumer = reader(servers)
+    try:
+        for name in select_topics(consumer, topic or ".*"):
+            partitions = [(name, p) for p in partitions_of(consumer, name)]
+            marks = watermarks(consumer, partitions)
+            click.echo(f"{name}  {_settings(admin, name)}")
+            _show(marks, consumer)
+    finally:
+        consumer.close()
+
+
+def _show(marks: dict[TP, Watermarks], consumer: Consumer) -> None:
+    filled = {tp: m for tp, m in marks.items() if m.high > m.low}
+    first = _stamps(consumer, {tp: m.low for tp, m in filled.items()})
+    last = _stamps(consumer, {tp: m.high - 1 for tp, m in filled.items()})
+    click.echo(f"  {'partition':>9}  {'earliest':>10}  {'written':<24}  {'latest':>10}  written")
+    for tp, mark in sorted(marks.items()):
+        if mark.high <= mark.low:
+            click.echo(f"  {tp[1]:>9}  {'(empty)':>10}  next offset {mark.high}")
+            continue
+        click.echo(
+            f"  {tp[1]:>9}  {mark.low:>10}  {_when(first.get(tp)):<24}  "
+            f"{mark.high - 1:>10}  {_when(last.get(tp))}"
+        )
+
+
+def _stamps(consumer: Consumer, offsets: dict[TP, int]) -> dict[TP, int]:
+    """The timestamp of the first record at or after each offset (what reading there gives)."""
+    found: dict[TP, int] = {}
+    if not offsets:
+        return found
+    assigned = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+    consumer.assign(assigned)
+    deadline = time.monotonic() + METADATA_TIMEOUT
+    try:
+        while len(found) < len(offsets) and time.monotonic() < deadline:
+            for record in consumer.consume(100, timeout=0.5):
+                tp = (record.topic(), record.partition())
+                if record.error() is None and tp not in found:
+                    found[tp] = record.timestamp()[1]
+                    consumer.pause([TopicPartition(*tp)])  # one record is all it takes
+    finally:
+        consumer.resume(assigned)  # a pause outlives the assignment in librdkafka
+        consumer.unassign()
+    return found
+
+
+def _when(millis: int | None) -> str:
+    return "-" if millis is None else iso_time(millis)
+
+
+def _settings(admin: AdminClient, topic: str) -> str:
+    configs = _configs(admin, topic)
+    shown = []
+    for name in SHOWN_CONFIGS:
+        if name in configs:
+            value = configs[name]
+            if name == "retention.ms":
+                value = f"{format_millis(int(value))} ({value})"
+            shown.append(f"{name}={value}")
+    return "  ".join(shown)
+
+
+def _configs(admin: AdminClient, topic: str) -> dict[str, str]:
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        entries = admin.describe_configs([resource])[resource].result(METADATA_TIMEOUT)
+    except KafkaException as exc:
+        raise TransportError(f"can't read the configuration of {topic!r}: {exc}") from exc
+    return {name: entry.value for name, entry in entries.items()}
+
+
+def format_millis(millis: int) -> str:
+    """retention.ms in AMPS's duration style: 604800000 is 7d; -1 is forever."""
+    if millis < 0:
+        return "forever"
+    for unit, size in _UNITS:
+        if millis and millis % size == 0:
+            return f"{millis // size}{unit}"
+    return "0ms"
+
+
+@log.command("retention")
+@click.argument("topic")
+@click.argument("duration")
+@bootstrap_option
+@reports_errors
+def retention(topic: str, duration: str, bootstrap: str | None) -> None:
+    """Keep TOPIC's records for DURATION (7d, 12h, 30m; or `forever`): its retention.ms.
+
+    Kafka deletes whole segments older than that, so what can be replayed shrinks from
+    the oldest end and never leaves a gap, as AMPS requires of removed journals.
+    """
+    millis = _duration_millis(duration)
+    admin = admin_client(kafka(bootstrap))
+    partitions_of(admin, topic)  # UnknownTopic, clearly, before any change
+    _alter(admin, topic, {"retention.ms": str(millis)})
+    click.echo(f"{topic}  retention.ms={_configs(admin, topic)['retention.ms']}")
+
+
+def _duration_millis(duration: str) -> int:
+    if duration.strip().lower() == "forever":
+        return -1
+    try:
+        seconds = parse_duration(duration)
+    except ValueError as exc:
+        raise ConfigError(f"retention: {exc}") from exc
+    if seconds <= 0:
+        raise ConfigError(f"retention: {duration!r} must be longer than 0 (or `forever`)")
+    return round(seconds * 1000)
+
+
+def _alter(admin: AdminClient, topic: str, values: dict[str, str]) -> None:
+    entries = [
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in values.items()
+    ]
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+    try:
+        admin.incremental_alter_configs([resource])[resource].result(METADATA_TIMEOUT)
+    except KafkaException as exc:
+        raise TransportError(f"can't change the configuration of {topic!r}: {exc}") from exc

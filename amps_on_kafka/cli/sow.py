@@ -1,0 +1,99 @@
+"""`amps-kafka sow` and `amps-kafka subscribe`: a worker's SOW, through its gateway.
+
+Both print one JSON object per message, like `replay`: command, bookmark, topic,
+sow_key, timestamp, data (and reason, for oof messages).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import BinaryIO
+
+import click
+import orjson
+
+from amps_on_kafka.cli.common import cli_client_name, reports_errors
+from amps_on_kafka.cli.replay import iso_time
+from amps_on_kafka.client import Client, Message
+
+DEFAULT_SERVER = "tcp://127.0.0.1:9007/amps/json"
+
+server_option = click.option(
+    "--server",
+    "-s",
+    default=DEFAULT_SERVER,
+    show_default=True,
+    envvar="AMPS_KAFKA_SERVER",
+    help="The worker's gateway (also $AMPS_KAFKA_SERVER).",
+)
+filter_option = click.option(
+    "--filter", "filter_text", default=None, help='AMPS content filter, e.g. "/qty > 100".'
+)
+
+
+@click.command()
+@click.argument("topic")
+@filter_option
+@click.option("--order-by", default=None, help='e.g. "/qty DESC, /id".')
+@click.option("--top-n", type=click.IntRange(min=0), default=None, help="Only the first N records.")
+@click.option("--batch-size", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@server_option
+@reports_errors
+def sow(topic, filter_text, order_by, top_n, batch_size, server) -> None:
+    """Print the SOW records of TOPIC that match, as of one moment."""
+    with Client(cli_client_name("sow")) as client:
+        client.connect(server)
+        client.logon()
+        records = client.sow(
+            topic, filter_text, order_by=order_by, top_n=top_n, batch_size=batch_size
+        )
+        _print(records, sys.stdout.buffer)
+
+
+@click.command()
+@click.argument("topic")
+@filter_option
+@click.option("--oof", is_flag=True, help="Also print out-of-focus messages (reason included).")
+@click.option("--sow", "with_sow", is_flag=True, help="Print the current records first.")
+@click.option("--bookmark", "-m", default=None, help="Replay the log from here, then go live.")
+@click.option("--timeout", type=float, default=None, help="Stop after this many idle seconds.")
+@server_option
+@reports_errors
+def subscribe(topic, filter_text, oof, with_sow, bookmark, timeout, server) -> None:
+    """Print TOPIC's messages as they come, until Ctrl-C (or --timeout idle seconds)."""
+    if bookmark is not None and (oof or with_sow):
+        raise click.UsageError("--bookmark replays the log: it excludes --oof and --sow")
+    options = "oof" if oof else None
+    with Client(cli_client_name("subscribe")) as client:
+        client.connect(server)
+        client.logon()
+        if bookmark is not None:
+            stream = client.bookmark_subscribe(topic, bookmark, filter_text, timeout=timeout)
+        elif with_sow:
+            stream = client.sow_and_subscribe(topic, filter_text, options, timeout=timeout)
+        else:
+            stream = client.subscribe(topic, filter_text, options, timeout=timeout)
+        with stream:
+            _print(stream, sys.stdout.buffer)
+
+
+def _print(messages: Iterable[object], out: BinaryIO) -> None:
+    for message in messages:
+        if isinstance(message, Message) and message.command in ("sow", "publish", "oof"):
+            out.write(orjson.dumps(_line(message), option=orjson.OPT_APPEND_NEWLINE))
+            out.flush()
+
+
+def _line(message: Message) -> dict:
+    line = {
+        "command": message.command,
+        "bookmark": message.bookmark,
+        "topic": message.topic,
+        "sow_key": message.sow_key,
+        "timestamp": iso_time(message.timestamp) if message.timestamp else None,
+        "data": message.data,
+    }
+    if message.reason is not None:
+        line["reason"] = message.reason
+    return line

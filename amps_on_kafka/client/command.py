@@ -1,0 +1,111 @@
+"""`Command`: AMPS's command builder, for `Client.execute`.
+
+    stream = client.execute(Command("sow").set_topic("orders").set_filter("/qty > 10"))
+
+Each setter returns the command, so calls chain; `Client.execute` runs it with the
+client method of the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+COMMANDS = frozenset(
+    {
+        "publish",
+        "delta_publish",
+        "sow_delete",
+        "sow",
+        "subscribe",
+        "sow_and_subscribe",
+        "unsubscribe",
+        "flush",
+        "heartbeat",
+    }
+)
+
+
+class Command:
+    def __init__(self, command: str) -> None:
+        if command not in COMMANDS:
+            raise ValueError(f"unknown command {command!r} (one of {', '.join(sorted(COMMANDS))})")
+        self.command = command
+        self.topic: str | None = None
+        self.filter: str | None = None
+        self.data: Any = None
+        self.bookmark: str | None = None
+        self.options: str | None = None
+        self.order_by: str | None = None
+        self.top_n: int | None = None
+        self.batch_size: int | None = None
+        self.sub_id: str | None = None
+        self.sow_key: str | None = None
+        self.sow_keys: list[str] | None = None
+        self.expiration: float | None = None
+        self.correlation_id: str | None = None
+        self.timeout: float | None = None
+
+    def set_topic(self, topic: str) -> Command:
+        self.topic = topic
+        return self
+
+    def set_filter(self, filter: str) -> Command:
+        self.filter = filter
+        return self
+
+    def set_data(self, data: Any) -> Command:
+        self.data = data
+        return self
+
+    def set_bookmark(self, bookmark: str) -> Command:
+        self.bookmark = bookmark
+        return self
+
+    def set_options(self, options: str) -> Command:
+        self.options = options
+        return self
+
+    def set_order_by(self, order_by: str) -> Command:
+        self.order_by = order_by
+        return self
+
+    def set_top_n(self, top_n: int) -> Command:
+        self.top_n = top_n
+        return self
+
+    def set_batch_size(self, batch_size: int) -> Command:
+        self.batch_size = batch_size
+        return self
+
+    def set_sub_id(self, sub_id: str) -> Command:
+        self.sub_id = sub_id
+        return self
+
+    def set_sow_key(self, key: str) -> Command:
+        """The SOW key of a publish, for topics with KeyFromPublish."""
+        self.sow_key = key
+        return self
+
+    def set_sow_keys(self, keys: Iterable[str] | str) -> Command:
+        """A list of keys, or AMPS's comma-separated text."""
+        self.sow_keys = (
+            [k.strip() for k in keys.split(",")] if isinstance(keys, str) else list(keys)
+        )
+        return self
+
+    def set_expiration(self, seconds: float) -> Command:
+        self.expiration = seconds
+        return self
+
+    def set_correlation_id(self, correlation_id: str) -> Command:
+        self.correlation_id = correlation_id
+        return self
+
+    def set_timeout(self, seconds: float) -> Command:
+        """For streams: end after this many idle seconds; for others: how long to wait."""
+        self.timeout = seconds
+        return self
+
+    def __repr__(self) -> str:
+        return f"Command({self.command!r}, topic={self.topic!r})"

@@ -1,0 +1,511 @@
+"""The `tcp://host:port/amps/json` transport: everything, through a worker's gateway.
+
+A blocking socket and one reader thread. The reader decodes frames and routes each to a
+queue: deliveries by `sub_id`, replies by the command id `cid`. Callers block on their
+queue. A publish is sent without a command id and returns at once; the gateway reports
+only failures for it, which go to the failed-write handler (or are raised by
+publish_flush, the persisted ack of everything before it). Publish sequence numbers are
+the client's own and are echoed on every ack.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
+from typing import Any
+
+import orjson
+
+from amps_on_kafka.client.acks import AckBatcher
+from amps_on_kafka.client.message import Message
+from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.errors import MessageError, PublishError, ServerError, TransportError
+from amps_on_kafka.log.envelope import Command
+from amps_on_kafka.log.message import COMPLETED, Completed
+from amps_on_kafka.log.publisher import FailedWrite
+from amps_on_kafka.server.frames import Frame, FrameDecoder, encode_frame
+
+log = logging.getLogger(__name__)
+
+COMMAND_TIMEOUT = 30.0  # seconds to wait for the gateway to answer a command
+CONNECT_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 10.0
+DEFAULT_BATCH = 100
+READ_SIZE = 256 * 1024
+MAX_INBOUND_FRAME = 1 << 30  # the gateway bounds its frames; this only guards the decoder
+MAX_OUTBOX = 16 * 1024 * 1024  # bytes queued for the socket before publishers wait
+MAX_PARTITIONS = 10_000  # a delete by filter writes one record per partition, at most this
+
+_ENDED = object()  # the application closed the stream
+_LOST = object()  # the connection is gone
+Item = Message | Completed
+
+
+class Outbox:
+    """Frames waiting for the socket, sent by one writer thread.
+
+    While the writer is in sendall, frames queue up and go in its next call: under load
+    many publishes share one system call, alone each goes at once. A publisher that
+    outruns the gateway blocks once MAX_OUTBOX bytes wait, instead of filling memory.
+    """
+
+    def __init__(self, sock: socket.socket, on_error: Callable[[str], None]) -> None:
+        self._sock = sock
+        self._on_error = on_error
+        self._frames: list[bytes] = []
+        self._bytes = 0
+        self._closing = False
+        self._failed = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._write, name="amps-tcp-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, frame: bytes) -> bool:
+        """Queue a frame; False once the socket failed or the outbox closed."""
+        with self._changed:
+            while self._bytes > MAX_OUTBOX and not (self._failed or self._closing):
+                self._changed.wait()
+            if self._failed or self._closing:
+                return False
+            self._frames.append(frame)
+            self._bytes += len(frame)
+            if len(self._frames) == 1:
+                self._changed.notify_all()
+        return True
+
+    def close(self, timeout: float) -> None:
+        """Send what is queued, then stop the writer."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._thread.join(timeout)
+
+    def _write(self) -> None:
+        while True:
+            with self._changed:
+                while not self._frames and not self._closing:
+                    self._changed.wait()
+                if not self._frames:
+                    return
+                frames, self._frames, self._bytes = self._frames, [], 0
+                self._changed.notify_all()  # room again for blocked publishers
+            try:
+                self._sock.sendall(b"".join(frames))
+            except OSError as exc:
+                with self._changed:
+                    self._failed = True
+                    self._changed.notify_all()
+                self._on_error(f"sending to the gateway failed: {exc}")
+                return
+
+
+class TcpTransport:
+    def __init__(self, address: str, client_name: str) -> None:
+        self.address = address
+        self.client_name = client_name
+        self.max_frame_bytes: int | None = None  # the gateway's limit, learnt at logon
+        self._sock = _connect(address)
+        self._outbox = Outbox(self._sock, self._lose)
+        self.acks = AckBatcher(self._send)  # message.ack() batches here (docs/queues.md)
+        self._ids = itertools.count(1)
+        self._next_sequence = time.time_ns() // 1000 + 1  # rising across restarts
+        self._sequence_lock = threading.Lock()
+        self._published = False
+        self._commands: dict[str, queue.SimpleQueue] = {}
+        self._subs: dict[str, queue.SimpleQueue] = {}
+        self._failures: list[FailedWrite] = []
+        self._failed_write_handler: Callable[[FailedWrite], None] | None = None
+        self._lost: TransportError | None = None
+        self._reader = threading.Thread(target=self._read, name=f"amps-tcp-{address}", daemon=True)
+        self._reader.start()
+
+    # -- session ---------------------------------------------------------------------
+    def logon(self, timeout: float | None) -> None:
+        reply = self._command({"c": "logon", "client_name": self.client_name}, timeout=timeout)
+        self.max_frame_bytes = reply.header.get("max_frame_bytes")
+
+    def heartbeat(self, timeout: float | None = None) -> None:
+        self._command({"c": "heartbeat"}, timeout=timeout)
+
+    def close(self) -> None:
+        """Send waiting acks, flush what was published (PublishError if some failed), then
+        disconnect."""
+        try:
+            if self._lost is None:
+                self.acks.close()
+            if self._published and self._lost is None:
+                self.publish_flush(CLOSE_TIMEOUT)
+        finally:
+            self._disconnect()
+
+    # -- publishing --------------------------------------------------------------------
+    def publish(
+        self,
+        topic: str,
+        data: Any,
+        expiration: float | None,
+        command: Command,
+        *,
+        sow_key: str | None = None,
+        correlation_id: str | None = None,
+    ) -> int:
+        sequence = self._reserve(1)
+        header = {"c": command.value, "t": topic, "s": sequence}
+        _set(header, e=expiration, k=sow_key, x=correlation_id)
+        self._send(header, _payload(data))
+        self._published = True
+        return sequence
+
+    def sow_delete(
+        self,
+        topic: str,
+        *,
+        filter: str | None = None,
+        keys: Iterable[str] | None = None,
+        data: Any = None,
+        correlation_id: str | None = None,
+        timeout: float | None = COMMAND_TIMEOUT,
+    ) -> Message:
+        """Waits for the worker: the processed ack's `matches` is the number deleted."""
+        key_list = [str(k) for k in keys] if keys is not None else None
+        records = len(key_list) if key_list is not None else MAX_PARTITIONS if data is None else 1
+        header: dict[str, Any] = {"c": "sow_delete", "t": topic, "a": "processed"}
+        header["s"] = self._reserve(records)  # the gateway numbers each record it writes
+        _set(header, f=filter, x=correlation_id, k=key_list)
+        payload = _payload(data) if data is not None else b""
+        reply = self._command(header, payload, timeout=timeout)
+        return Message("ack", topic, reply.header)
+
+    def ack(
+        self,
+        topic: str,
+        bookmarks: str | Iterable[str],
+        option: str | None = None,
+        timeout: float | None = COMMAND_TIMEOUT,
+    ) -> Message:
+        """Acknowledge queue messages now; the processed ack comes once they are durable."""
+        listed = bookmarks if isinstance(bookmarks, str) else ",".join(bookmarks)
+        header: dict[str, Any] = {"c": "sow_delete", "t": topic, "bm": listed, "a": "processed"}
+        _set(header, o=option)
+        return Message("ack", topic, self._command(header, timeout=timeout).header)
+
+    def _reserve(self, count: int) -> int:
+        """The first of `count` consecutive sequence numbers, for this client alone."""
+        with self._sequence_lock:
+            first = self._next_sequence
+            self._next_sequence += count
+        return first
+
+    def publish_flush(self, timeout: float | None) -> None:
+        """Wait until the gateway persisted every publish; PublishError names what failed."""
+        self._command({"c": "flush"}, timeout=timeout)
+        failures, self._failures = self._failures, []
+        if failures:
+            first = failures[0]
+            raise PublishError(
+                f"{len(failures)} publish(es) not persisted; first: topic {first.topic!r} "
+                f"sequence {first.sequence}: {first.reason}"
+            )
+
+    def set_failed_write_handler(self, handler: Callable[[FailedWrite], None] | None) -> None:
+        self._failed_write_handler = handler
+
+    # -- queries and subscriptions -------------------------------------------------------
+    def sow(
+        self,
+        topic: str,
+        filter: str | None = None,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        timeout: float | None = None,
+    ) -> MessageStream:
+        """The matching records (command "sow"); the stream ends after the last one."""
+        header: dict[str, Any] = {
+            "c": "sow",
+            "t": topic,
+            "a": "processed,completed",
+            "bs": batch_size,
+        }
+        _set(header, f=filter, orderby=order_by, top_n=top_n)
+        cid, replies, _ = self._open(header, self._commands, None)
+        records = self._items(
+            replies, timeout, self._commands, cid, keep=frozenset({"sow"}), until_done=True
+        )
+        return MessageStream(records, lambda: self._end(self._commands, cid))
+
+    def subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        options: str | None = None,
+        *,
+        bookmark: str | None = None,
+        sub_id: str | None = None,
+        timeout: float | None = None,
+    ) -> MessageStream:
+        """Live messages; with a bookmark, the log from there, COMPLETED, then live."""
+        header: dict[str, Any] = {"c": "subscribe", "t": topic}
+        header["a"] = "processed,completed" if bookmark is not None else "processed"
+        _set(header, f=filter, o=options, bm=bookmark)
+        return self._subscription(header, sub_id, timeout)
+
+    def sow_and_subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        options: str | None = None,
+        *,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        sub_id: str | None = None,
+        timeout: float | None = None,
+    ) -> MessageStream:
+        """group_begin, the snapshot ("sow"), group_end, then live "publish" and "oof"."""
+        header: dict[str, Any] = {
+            "c": "sow_and_subscribe",
+            "t": topic,
+            "a": "processed",
+            "bs": batch_size,
+        }
+        _set(header, f=filter, o=options, orderby=order_by, top_n=top_n)
+        return self._subscription(header, sub_id, timeout)
+
+    def bookmark_subscribe(
+        self,
+        topic: str,
+        bookmark: str,
+        filter: str | None,
+        until: str | None,
+        timeout: float | None,
+    ) -> MessageStream:
+        if until is not None:
+            raise TransportError(
+                "`until` needs the kafka:// transport; the gateway follows the log live"
+            )
+        return self.subscribe(topic, filter, bookmark=bookmark, timeout=timeout)
+
+    def unsubscribe(self, sub_id: str = "all") -> None:
+        self._command(
+            {"c": "unsubscribe", "sub_id": sub_id, "a": "processed"}, timeout=COMMAND_TIMEOUT
+        )
+        for known in list(self._subs) if sub_id == "all" else [sub_id]:
+            self._end(self._subs, known)
+
+    def _subscription(
+        self, header: dict[str, Any], sub_id: str | None, timeout: float | None
+    ) -> MessageStream:
+        sub_id, deliveries, _ = self._open(header, self._subs, sub_id)
+        items = self._items(deliveries, timeout, self._subs, sub_id)
+        return MessageStream(items, lambda: self._stop_subscription(sub_id), sub_id)
+
+    def _stop_subscription(self, sub_id: str) -> None:
+        if self._end(self._subs, sub_id) and self._lost is None:
+            self._send({"c": "unsubscribe", "sub_id": sub_id})
+
+    # -- requests and replies -----------------------------------------------------------
+    def _command(
+        self, header: dict[str, Any], payload: bytes = b"", *, timeout: float | None
+    ) -> Frame:
+        """Send a command and return its reply, raising ServerError on a failure."""
+        cid, _, reply = self._open(header, self._commands, None, payload, timeout)
+        self._commands.pop(cid, None)
+        return reply
+
+    def _open(
+        self,
+        header: dict[str, Any],
+        routes: dict[str, queue.SimpleQueue],
+        route: str | None,
+        payload: bytes = b"",
+        timeout: float | None = COMMAND_TIMEOUT,
+    ) -> tuple[str, queue.SimpleQueue, Frame]:
+        """Register a route, send, and wait for the first reply (the command's ack).
+
+        Returns the route key (the sub_id for subscriptions, else the command id), the
+        queue later replies arrive on, and the first reply.
+        """
+        cid = str(next(self._ids))
+        header["cid"] = cid
+        if routes is self._subs:
+            route = header["sub_id"] = route or cid
+        key = route or cid
+        replies: queue.SimpleQueue = queue.SimpleQueue()
+        routes[key] = replies
+        try:
+            self._send(header, payload)
+            first = self._reply(replies, timeout)
+        except BaseException:
+            routes.pop(key, None)
+            raise
+        return key, replies, first
+
+    def _reply(self, replies: queue.SimpleQueue, timeout: float | None) -> Frame:
+        try:
+            frame = replies.get(timeout=timeout)
+        except queue.Empty:
+            raise TransportError(
+                f"no reply from the gateway at {self.address} in {timeout}s"
+            ) from None
+        if frame is _LOST:
+            raise self._lost  # type: ignore[misc]
+        _raise_failure(frame.header)
+        return frame
+
+    def _items(
+        self,
+        replies: queue.SimpleQueue,
+        timeout: float | None,
+        routes: dict[str, queue.SimpleQueue],
+        key: str,
+        *,
+        keep: frozenset[str] | None = None,
+        until_done: bool = False,
+    ) -> Iterator[Item]:
+        """Messages as they arrive; ends when closed, after `timeout` idle seconds, or at
+        the completed ack when `until_done`."""
+        try:
+            while True:
+                try:
+                    frame = replies.get(timeout=timeout)
+                except queue.Empty:
+                    return
+                if frame is _ENDED:
+                    return
+                if frame is _LOST:
+                    raise self._lost  # type: ignore[misc]
+                for item in _unpack(frame):
+                    if item is COMPLETED and until_done:
+                        return
+                    if item is not COMPLETED and item.command == "publish":
+                        item.acks = self.acks  # a queue message can be acked
+                    if keep is None or item.command in keep:
+                        yield item
+        finally:
+            routes.pop(key, None)
+
+    def _end(self, routes: dict[str, queue.SimpleQueue], key: str) -> bool:
+        """Stop routing to a stream and wake its reader; False if it had ended already."""
+        replies = routes.pop(key, None)
+        if replies is not None:
+            replies.put(_ENDED)
+        return replies is not None
+
+    # -- the socket ----------------------------------------------------------------------
+    def _send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        """Queue a frame. A caller's reply route is registered before this check and
+        _lose sets _lost before waking routes, so a waiter can't miss a lost connection."""
+        if self._lost is not None:
+            raise self._lost
+        if not self._outbox.put(encode_frame(header, payload)):
+            raise self._lost or TransportError(f"{self.address}: the connection is closed")
+
+    def _read(self) -> None:
+        decoder = FrameDecoder(MAX_INBOUND_FRAME)
+        reason = "the gateway closed the connection"
+        try:
+            while data := self._sock.recv(READ_SIZE):
+                for event in decoder.feed(data):
+                    if isinstance(event, Frame):
+                        self._route(event)
+                    else:
+                        log.warning("bad frame from the gateway: %s", event.reason)
+        except OSError as exc:
+            reason = f"connection to the gateway lost: {exc}"
+        self._lose(reason)
+
+    def _lose(self, reason: str) -> None:
+        """The connection is gone: fail whoever waits, and every later call."""
+        if self._lost is None:
+            self._lost = TransportError(f"{self.address}: {reason}")
+        for routes in (self._commands, self._subs):
+            for replies in list(routes.values()):
+                replies.put(_LOST)
+
+    def _route(self, frame: Frame) -> None:
+        header = frame.header
+        replies = self._subs.get(header.get("sub_id"))  # type: ignore[arg-type]
+        if replies is None:
+            replies = self._commands.get(header.get("cid"))  # type: ignore[arg-type]
+        if replies is not None:
+            replies.put(frame)
+        elif header.get("status") == "failure":
+            self._unrouted_failure(header)
+
+    def _unrouted_failure(self, header: dict[str, Any]) -> None:
+        """A publish the gateway refused or Kafka did not persist: a failed write."""
+        if "s" not in header:
+            log.warning("gateway: %s", header.get("reason"))
+            return
+        failure = FailedWrite(header.get("t", ""), header["s"], header.get("reason", "unknown"))
+        if self._failed_write_handler is not None:
+            self._failed_write_handler(failure)
+        else:
+            self._failures.append(failure)
+
+    def _disconnect(self) -> None:
+        self._outbox.close(CLOSE_TIMEOUT)
+        with suppress(OSError):  # already gone
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._reader.join(CLOSE_TIMEOUT)
+
+
+def _connect(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
+    except OSError as exc:
+        raise TransportError(f"can't connect to the gateway at {address}: {exc}") from exc
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _set(header: dict[str, Any], **fields: Any) -> None:
+    header.update((k, v) for k, v in fields.items() if v is not None)
+
+
+def _payload(data: Any) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    if isinstance(data, str):
+        return data.encode()
+    try:
+        return orjson.dumps(data)
+    except TypeError as exc:
+        raise MessageError(f"can't encode payload as JSON: {exc}") from exc
+
+
+def _raise_failure(header: dict[str, Any]) -> None:
+    if header.get("c") == "ack" and header.get("status") == "failure":
+        raise ServerError(header.get("reason") or "the gateway refused the command")
+
+
+def _unpack(frame: Frame) -> Iterator[Item]:
+    header, payload = frame.header, frame.payload
+    command, topic, sub_id = header.get("c"), header.get("t"), header.get("sub_id")
+    if command == "sow":
+        offset = 0
+        for meta in header.get("recs", ()):
+            end = offset + meta["n"]
+            yield Message("sow", topic, meta, payload[offset:end], sub_id)
+            offset = end
+    elif command == "ack":
+        _raise_failure(header)
+        yield (
+            COMPLETED
+            if header.get("a") == "completed"
+            else Message("ack", topic, header, b"", sub_id)
+        )
+    else:
+        yield Message(command, topic, header, payload, sub_id)  # type: ignore[arg-type]

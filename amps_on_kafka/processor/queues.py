@@ -1,0 +1,796 @@
+"""The queue engine: AMPS message queues served from Kafka, durable across crashes.
+
+Each queue has a QueueRuntime: the pure state machine (state/queue.py), a RocksDB store
+(state/queue_store.py), a consumer of its underlying topics, and a queue-events topic
+`_amps_queue.<Name>` (one partition) in which every ack, cancel, expiry and delivery is
+recorded, as AMPS records them in its transaction log. Queue state is therefore a
+function of two logs, and the store is a checkpoint of it:
+
+- A state change happens in memory at once (an acked message is never delivered
+  again), its events are produced (acks=all, idempotent), and the change reaches the
+  store only in a checkpoint written after those events are durable, together with the
+  offsets read and the events offset it reflects. An ack is answered when its events are
+  durable.
+- At startup the store is loaded (or, without one, the queue starts at the recovery
+  point committed to Kafka for the group `amps-queue.<Name>`, else at the start of the
+  logs); the events after the store's events offset are replayed before any delivery;
+  leases are not stored, so those held at a crash are back in the queue.
+- The recovery point (earliest offset in each partition with everything before it
+  removed, and the events offset that can still concern those messages) is committed
+  to that group, so another worker can rebuild the queue from the logs without a store.
+
+Threads: one per queue reads its topics and runs the clock; one serves Kafka delivery
+reports. All state is changed under `lock`; deliver callbacks are called under it and
+must only hand work off.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from amps_on_kafka.config import Config, QueueConfig
+from amps_on_kafka.errors import (
+    InvalidBookmark,
+    PublishError,
+    TransportError,
+    UnknownTopic,
+)
+from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.log.bookmarks import Position, parse_bookmark, watermarks
+from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.log.envelope import H_COMMAND, H_EXPIRATION, Command
+from amps_on_kafka.log.kafka import (
+    METADATA_TIMEOUT,
+    admin_client,
+    consume_available,
+    log_producer,
+    partitions_of,
+    reader,
+    topic_names,
+)
+from amps_on_kafka.log.registry import TopicRegistry
+from amps_on_kafka.state.queue import (
+    TP,
+    AckResult,
+    Delivery,
+    MessageId,
+    QueueEntry,
+    QueuePolicy,
+    QueueState,
+    RecoveryPoint,
+    Subscription,
+    effective_backlog,
+)
+from amps_on_kafka.state.queue_store import (
+    QueueStore,
+    decode_events,
+    encode_events,
+    queue_store_path,
+)
+
+log = logging.getLogger(__name__)
+
+EVENTS_PREFIX = "_amps_queue."
+GROUP_PREFIX = "amps-queue."
+BATCH_SIZE = 2000
+MAX_WAIT = 0.05  # seconds: bounds lease and expiry lag, and checkpoint delay
+RECOVERY_EVERY = 1.0  # seconds between commits of the recovery point to Kafka
+CHECKPOINT_EVERY = 0.2  # seconds: a message acked sooner never costs a RocksDB write
+_NO_COMMITTED = -1001
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def events_topic(queue: str) -> str:
+    return f"{EVENTS_PREFIX}{queue}"
+
+
+@dataclass(slots=True)
+class QueueMessage:
+    """A message as a queue subscriber (or a sow on the queue) sees it."""
+
+    queue: str
+    sub_id: str | None
+    id: MessageId  # the underlying topic, partition and offset
+    bookmark: str
+    payload: bytes
+    timestamp: int
+    lease_ms: int | None  # the lease left, in ms; None for a barrier message or a sow
+    codec: Codec | None
+    headers: list[tuple[str, bytes]] | None
+    deliveries: int = 0
+
+    @property
+    def data(self) -> Any:
+        return self.codec.decode(self.payload) if self.codec is not None else self.payload
+
+
+@dataclass(eq=False)
+class QueueSubscription:
+    """What `subscribe` returns: pass it to `unsubscribe`."""
+
+    subscription: Subscription
+    queues: list[str]
+
+    @property
+    def max_backlog(self) -> int:
+        return self.subscription.max_backlog
+
+
+Deliver = Callable[[QueueMessage], None]
+
+
+class QueueEngine:
+    """Every queue of a configuration: what the gateway calls for queue commands."""
+
+    def __init__(
+        self,
+        config: Config,
+        bootstrap: str,
+        state_dir: str | Path,
+        *,
+        clock: Callable[[], int] = now_ms,
+        registry: TopicRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.bootstrap = bootstrap
+        self.state_dir = Path(state_dir)
+        self.clock = clock
+        self.registry = registry or TopicRegistry(bootstrap)
+        self.lock = threading.RLock()
+        self.producer = log_producer(bootstrap)
+        self.runtimes = {q.name: QueueRuntime(self, q) for q in config.queues}
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="amps-queue-reports", daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self._poller.start()
+        for runtime in self.runtimes.values():
+            runtime.start()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until every queue has recovered and reads its topics."""
+        deadline = time.monotonic() + timeout
+        for runtime in self.runtimes.values():
+            while not runtime.ready.wait(0.05):
+                if runtime.failure is not None:
+                    raise TransportError(f"queue {runtime.name}: {runtime.failure}")
+                if time.monotonic() > deadline:
+                    raise TransportError(f"queue {runtime.name} not ready after {timeout}s")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if not self._poller.is_alive():
+            return
+        self._stop.set()
+        for runtime in self.runtimes.values():
+            runtime.join(timeout)
+        with self.lock:
+            for runtime in self.runtimes.values():
+                runtime.checkpoint()
+        self.producer.flush(timeout)
+        for runtime in self.runtimes.values():
+            runtime.commit_ready()
+        self._poller.join(timeout)
+        for runtime in self.runtimes.values():
+            runtime.close()
+
+    def _poll(self) -> None:
+        """Serve delivery reports: they complete acks and release checkpoints."""
+        while not self._stop.is_set():
+            try:
+                self.producer.poll(0.1)
+            except Exception:  # a bug in a report handler must not stop the reports
+                log.exception("serving queue-events delivery reports failed")
+
+    # -- topics --------------------------------------------------------------------
+    def is_queue(self, topic: str) -> bool:
+        return topic in self.runtimes
+
+    def publish_target(self, topic: str) -> str:
+        """Seed 001: a publish to a queue's name is written to its DefaultPublishTarget."""
+        return self.config.publish_target(topic)
+
+    def serves(self, topic: str) -> bool:
+        """Whether `topic` names a queue, or is a regular expression matching some."""
+        try:
+            return bool(self._named(topic))
+        except UnknownTopic:
+            return False
+
+    def _named(self, pattern: str) -> list[QueueRuntime]:
+        if pattern in self.runtimes:
+            return [self.runtimes[pattern]]
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise UnknownTopic(f"{pattern!r} is not a queue name or a regular expression") from exc
+        found = [r for name, r in self.runtimes.items() if regex.fullmatch(name)]
+        if not found:
+            raise UnknownTopic(f"no queue matches {pattern!r}")
+        return found
+
+    def _matching(self, pattern: str) -> list[QueueRuntime]:
+        return [_serving(runtime) for runtime in self._named(pattern)]
+
+    def _runtime(self, queue: str) -> QueueRuntime:
+        runtime = self.runtimes.get(queue)
+        if runtime is None:
+            raise UnknownTopic(f"{queue!r} is not a queue of this worker")
+        return _serving(runtime)
+
+    # -- subscribers ---------------------------------------------------------------
+    def subscribe(
+        self,
+        pattern: str,
+        deliver: Deliver,
+        *,
+        session: Hashable,
+        sub_id: str,
+        filter: str | None = None,
+        max_backlog: int | None = None,
+    ) -> QueueSubscription:
+        """Subscribe to every queue `pattern` names; messages are pushed to `deliver`.
+
+        The backlog is the smaller of `max_backlog` (default 1) and the smallest
+        MaxPerSubscriptionBacklog of the matched queues, shared across them.
+        """
+        runtimes = self._matching(pattern)
+        matches = compile_filter(filter).matches if filter else None
+        backlog = effective_backlog(max_backlog, [r.state.policy for r in runtimes])
+        subscription = Subscription(sub_id, session, matches, backlog, deliver=deliver)
+        with self.lock:
+            for runtime in runtimes:
+                runtime.state.subscribe(subscription)
+            self.settle()
+        return QueueSubscription(subscription, [r.name for r in runtimes])
+
+    def unsubscribe(self, handle: QueueSubscription) -> None:
+        """The subscription's leases are broken: its messages go back to the queue."""
+        with self.lock:
+            for name in handle.queues:
+                self.runtimes[name].state.unsubscribe(handle.subscription)
+            self.settle()
+
+    def disconnect(self, session: Hashable) -> None:
+        """Seed 002: a disconnect breaks every lease the session holds, at once."""
+        with self.lock:
+            for runtime in self.runtimes.values():
+                runtime.state.disconnect(session)
+            self.settle()
+
+    def ack(self, queue: str, bookmarks: str | Iterable[str], session: Hashable) -> Future:
+        """sow_delete with bookmarks (a comma-separated list); the future's AckResult is
+        set once the acks are durable in the queue-events topic."""
+        return self._command(queue, bookmarks, session, "ack")
+
+    def cancel(self, queue: str, bookmarks: str | Iterable[str], session: Hashable) -> Future:
+        return self._command(queue, bookmarks, session, "cancel")
+
+    def expire(self, queue: str, bookmarks: str | Iterable[str], session: Hashable) -> Future:
+        return self._command(queue, bookmarks, session, "expire")
+
+    def _command(
+        self, queue: str, bookmarks: str | Iterable[str], session: Hashable, verb: str
+    ) -> Future:
+        runtime = self._runtime(queue)
+        messages = _message_ids(bookmarks)
+        with self.lock:
+            result = getattr(runtime.state, verb)(messages, session)
+            self.settle()
+            return runtime.when_durable(result)
+
+    def ack_by_filter(self, queue: str, filter: str, session: Hashable) -> Future:
+        """sow_delete with a filter on a queue: acks every active message that matches."""
+        runtime = self._runtime(queue)
+        matches = compile_filter(filter).matches
+        with self.lock:
+            count = runtime.state.ack_by_filter(matches, session)
+            self.settle()
+            return runtime.when_durable(AckResult(count))
+
+    def browse(self, queue: str, filter: str | None = None) -> list[QueueMessage]:
+        """sow on a queue: its active messages, in delivery order."""
+        runtime = self._runtime(queue)
+        matches = compile_filter(filter).matches if filter else None
+        with self.lock:
+            entries = runtime.state.browse(matches)
+        return [_message(runtime.name, None, e, None) for e in entries]
+
+    # -- under the lock --------------------------------------------------------------
+    def settle(self) -> None:
+        """Deliver what can be delivered in every queue, and record what changed."""
+        for runtime in self.runtimes.values():
+            runtime.state.dispatch()
+            runtime.flush()
+
+    def send(self, queue: str, deliveries: list[Delivery]) -> None:
+        now = self.clock()
+        for delivery in deliveries:
+            subscription = delivery.subscription
+            lease = None if delivery.lease_until is None else delivery.lease_until - now
+            message = _message(queue, subscription.sub_id, delivery.entry, lease)
+            try:
+                subscription.deliver(message)  # type: ignore[misc]
+            except Exception:
+                log.exception("queue %s: delivering to %s failed", queue, subscription.sub_id)
+
+
+def _serving(runtime: QueueRuntime) -> QueueRuntime:
+    """A queue serves commands once recovered: before, an acked message could still be
+    waiting for its ack to be replayed."""
+    if not runtime.ready.is_set():
+        raise TransportError(f"queue {runtime.name} is recovering; try again when it is ready")
+    return runtime
+
+
+def _message(queue: str, sub_id: str | None, entry: QueueEntry, lease: int | None) -> QueueMessage:
+    return QueueMessage(
+        queue,
+        sub_id,
+        entry.id,
+        entry.bookmark,
+        entry.payload,
+        entry.timestamp,
+        lease,
+        entry.codec,
+        entry.headers,
+        entry.deliveries,
+    )
+
+
+def _message_ids(bookmarks: str | Iterable[str]) -> list[MessageId]:
+    """Message bookmarks (`topic|partition|offset|`, comma-separated lists too).
+
+    Acks carry them by the thousand, so the common form is split directly; anything
+    else goes through parse_bookmark for its error message.
+    """
+    texts = [bookmarks] if isinstance(bookmarks, str) else list(bookmarks)
+    ids: list[MessageId] = []
+    for text in texts:
+        for item in text.split(","):
+            parts = item.split("|")
+            if len(parts) == 4 and not parts[3] and parts[1].isdigit() and parts[2].isdigit():
+                ids.append((parts[0], int(parts[1]), int(parts[2])))
+            else:
+                ids.append(_parsed_id(item))
+    return ids
+
+
+def _parsed_id(text: str) -> MessageId:
+    position = parse_bookmark(text.strip())
+    if not isinstance(position, Position):
+        raise InvalidBookmark(f"{text!r}: a queue ack needs message bookmarks")
+    return (position.topic, position.partition, position.offset)
+
+
+class QueueRuntime:
+    """One queue: state machine, store, reader of the underlying topics, events log."""
+
+    def __init__(self, engine: QueueEngine, config: QueueConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.name = config.name
+        self.events_topic = events_topic(config.name)
+        self.state = QueueState(QueuePolicy.from_config(config), engine.clock)
+        self.ready = threading.Event()
+        self.failure: str | None = None
+        self.store: QueueStore | None = None
+        self._codecs: dict[str, Codec] = {}
+        self._consumer = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"amps-queue-{self.name}", daemon=True
+        )
+        self._store_lock = threading.Lock()
+        self._produced = 0  # events records produced (a sequence number)
+        self._durable = 0  # the last one Kafka acknowledged
+        self._durable_next = 0  # the events offset after it
+        # checkpoints waiting for their events: [events needed, batch, events offset or None]
+        self._pending: deque[list[Any]] = deque()
+        self._waiters: deque[tuple[int, Future, Any]] = deque()
+        self._read = False  # records read since the last checkpoint
+        self._checkpoint_due = 0.0
+        self._paused = False
+        self._recovery_sent: tuple[float, RecoveryPoint | None] = (0.0, None)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._commit_recovery(force=True)
+            self._consumer.close()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    # -- recovery ------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Load the store (or start at the recovery point), replay the events log, then
+        read the underlying topics from where the state ends."""
+        admin = admin_client(self.engine.bootstrap)
+        _ensure_events_topic(admin, self.events_topic)
+        self._consumer = reader(
+            self.engine.bootstrap,
+            **{"group.id": f"{GROUP_PREFIX}{self.name}", "auto.offset.reset": "earliest"},
+        )
+        partitions = self._underlying(admin)
+        self.store = QueueStore(queue_store_path(self.engine.state_dir, self.name))
+        stored = self.store.load(self._codecs.get)
+        if stored is not None:
+            starts, events_from = stored.positions, stored.events_offset
+        else:
+            starts, events_from = self._committed(partitions)
+        state = self.state
+        for tp in partitions:
+            state.start_at(tp, starts.get(tp, 0))
+        if stored is not None:
+            for entry in stored.entries:
+                state.restore(entry)
+            for message, early in stored.early.items():
+                state.restore_early(message, early)
+            state.next_seq = max(state.next_seq, stored.next_seq)
+        self._durable_next = self._replay_events(events_from)
+        state.ev_next = self._durable_next
+        self._read = True
+        self._consumer.assign(
+            [TopicPartition(t, p, state.positions[(t, p)]) for t, p in partitions]
+        )
+        log.info(
+            "queue %s: %d messages after recovery, reading %d partitions",
+            self.name,
+            state.depth,
+            len(partitions),
+        )
+
+    def _underlying(self, admin) -> list[TP]:
+        topics = [t for t in topic_names(admin) if self.config.views(t)]
+        if not topics:
+            raise UnknownTopic(
+                f"queue {self.name}: no topic matches UnderlyingTopic {self.config.topic_pattern!r}"
+            )
+        for topic in topics:
+            self._codecs[topic] = self.engine.registry.spec(topic).codec
+        return [(t, p) for t in topics for p in partitions_of(admin, t)]
+
+    def _committed(self, partitions: list[TP]) -> tuple[dict[TP, int], int]:
+        """The recovery point committed to Kafka; the start of the logs when there is none."""
+        wanted = [TopicPartition(t, p) for t, p in [*partitions, (self.events_topic, 0)]]
+        found = self._consumer.committed(wanted, timeout=METADATA_TIMEOUT)  # type: ignore[union-attr]
+        marks = watermarks(self._consumer, [*partitions, (self.events_topic, 0)])  # type: ignore[arg-type]
+        offsets = {
+            (tp.topic, tp.partition): tp.offset
+            if tp.offset != _NO_COMMITTED
+            else marks[(tp.topic, tp.partition)].low
+            for tp in found
+        }
+        events = offsets.pop((self.events_topic, 0))
+        return offsets, events
+
+    def _replay_events(self, start: int) -> int:
+        """Apply the events recorded after the state's events offset; returns the end."""
+        consumer = reader(self.engine.bootstrap)
+        try:
+            end = watermarks(consumer, [(self.events_topic, 0)])[(self.events_topic, 0)]
+            start = max(start, end.low)
+            position = start
+            if start < end.high:
+                consumer.assign([TopicPartition(self.events_topic, 0, start)])
+            deadline = time.monotonic() + 10 * METADATA_TIMEOUT
+            while position < end.high:
+                if time.monotonic() > deadline:
+                    raise TransportError(f"queue {self.name}: timed out replaying its events")
+                for record in consumer.consume(1000, timeout=0.5):
+                    if record.error() is None and record.offset() < end.high:
+                        for event in decode_events(record.value()):
+                            self.state.apply_event(event)
+                        position = record.offset() + 1
+            return end.high
+        finally:
+            consumer.close()
+
+    # -- the loop ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._recover()
+            self._loop(self._caught_up(watermarks(self._consumer, self.state.positions)))
+            self.ready.set()
+            self._loop(lambda: False)
+        except BaseException as exc:
+            self.failure = str(exc)
+            log.exception("queue %s failed", self.name)
+
+    def _caught_up(self, marks) -> Callable[[], bool]:
+        """Whether the queue has read its topics up to their ends at startup (or stopped
+        reading at TargetQueueDepth): ready means recovered, as AMPS replays its journal
+        before it serves a queue."""
+        ends = [TopicPartition(t, p) for t, p in marks]
+        highs = {tp: mark.high for tp, mark in marks.items()}
+
+        def done() -> bool:
+            if self._paused:
+                return True
+            read = self.state.positions
+            behind = [
+                tp
+                for tp in ends
+                if read[(tp.topic, tp.partition)] < highs[(tp.topic, tp.partition)]
+            ]
+            if not behind:
+                return True
+            # offsets without a message (transaction markers, compaction) count as read
+            fetched = self._consumer.position(behind)  # type: ignore[union-attr]
+            return all(tp.offset >= highs[(tp.topic, tp.partition)] for tp in fetched)
+
+        return done
+
+    def _loop(self, done: Callable[[], bool]) -> None:
+        engine, state, consumer = self.engine, self.state, self._consumer
+        while not engine._stop.is_set() and not done():
+            records = consume_available(consumer, BATCH_SIZE, self._wait())
+            read = self._entries(records) if records else ()
+            with engine.lock:
+                for item in read:
+                    if isinstance(item, QueueEntry):
+                        state.enqueue(item)
+                    else:
+                        state.start_at(item[0], item[1] + 1)  # not a message: read past it
+                state.tick()
+                engine.settle()
+                if time.monotonic() >= self._checkpoint_due:
+                    self.checkpoint()
+            self.commit_ready()
+            self._flow_control()
+            self._commit_recovery()
+
+    def _wait(self) -> float:
+        due = self.state.next_due()
+        if due is None:
+            return MAX_WAIT
+        return max(0.0, min(MAX_WAIT, (due - self.engine.clock()) / 1000))
+
+    def _entries(self, records: list[Message]) -> list[QueueEntry | tuple[TP, int]]:
+        """The messages read, and (partition, offset) of records that are not messages.
+
+        Outside the engine lock: the state is not touched here."""
+        codecs = self._codecs
+        entries: list[QueueEntry | tuple[TP, int]] = []
+        for record in records:
+            error = record.error()
+            if error is not None:
+                if error.fatal():
+                    raise KafkaException(error)
+                log.warning("queue %s: consumer error %s", self.name, error.str())
+                continue
+            self._read = True
+            topic, partition, offset = record.topic(), record.partition(), record.offset()
+            headers = record.headers()
+            expiration = _message_expiration(headers)
+            if expiration is _NOT_A_MESSAGE:
+                entries.append(((topic, partition), offset))
+                continue
+            entries.append(
+                QueueEntry(
+                    (topic, partition, offset),
+                    record.timestamp()[1],
+                    record.value() or b"",
+                    codecs[topic],
+                    headers,
+                    expiration,  # type: ignore[arg-type]
+                )
+            )
+        return entries
+
+    def _flow_control(self) -> None:
+        """TargetQueueDepth: read no further while messages wait beyond the active part."""
+        if self.state.policy.target_depth is None:
+            return
+        consumer = self._consumer
+        assigned = consumer.assignment()  # type: ignore[union-attr]
+        if self.state.waiting and not self._paused:
+            consumer.pause(assigned)  # type: ignore[union-attr]
+            self._paused = True
+        elif self._paused and not self.state.waiting:
+            consumer.resume(assigned)  # type: ignore[union-attr]
+            self._paused = False
+
+    # -- recording -----------------------------------------------------------------
+    def flush(self) -> None:
+        """Under the engine lock: produce the outbox's events, dead letters and deliveries.
+
+        at-most-once deliveries wait for their events (the message leaving the queue) to
+        be durable, so a crash can never deliver a message twice.
+        """
+        box = self.state.outbox.take()
+        if not box:
+            return
+        for entry in box.dead_letters:
+            self._dead_letter(entry)
+        deferred = None
+        if box.events:
+            deferred = box.deliveries if self.state.policy.at_most_once else None
+            self._produce(box.events, deferred)
+        if deferred is None and box.deliveries:
+            self.engine.send(self.name, box.deliveries)
+
+    def _produce(self, events, deferred: list[Delivery] | None) -> None:
+        self._produced += 1
+        report = partial(self._reported, self._produced, deferred)
+        producer = self.engine.producer
+        while True:
+            try:
+                producer.produce(
+                    self.events_topic, encode_events(events), partition=0, on_delivery=report
+                )
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def _dead_letter(self, entry: QueueEntry) -> None:
+        target = self.config.dead_letter_topic
+        if target is None:
+            return
+        headers = [
+            *(entry.headers or []),
+            ("reason", b"expired"),
+            ("source", entry.bookmark.encode()),
+        ]
+        self.engine.producer.produce(target, entry.payload, headers=headers)
+
+    def _reported(
+        self,
+        sequence: int,
+        deferred: list[Delivery] | None,
+        error: KafkaError | None,
+        record: Message,
+    ) -> None:
+        """A delivery report for an events record (the poller's thread)."""
+        if error is not None:
+            self._failed(f"the queue-events topic refused a record: {error.str()}")
+            return
+        following = record.offset() + 1
+        self.state.ev_next = max(self.state.ev_next, following)
+        with self._store_lock:
+            self._durable, self._durable_next = sequence, following
+            for waiting in self._pending:
+                if waiting[0] == sequence:
+                    waiting[2] = following
+            self._commit_known()
+            done = []
+            while self._waiters and self._waiters[0][0] <= sequence:
+                done.append(self._waiters.popleft())
+        for _, future, result in done:
+            _settle_future(future, result)
+        if deferred:
+            with self.engine.lock:
+                self.engine.send(self.name, deferred)
+
+    def _failed(self, reason: str) -> None:
+        """The events log lost a record: memory and the logs disagree until a restart."""
+        log.error("queue %s: %s; restart the worker to rebuild the queue", self.name, reason)
+        self.failure = reason
+        with self._store_lock:
+            waiters, self._waiters = self._waiters, deque()
+        for _, future, _ in waiters:
+            _settle_future(future, PublishError(reason))
+
+    def when_durable(self, result: Any) -> Future:
+        """Under the engine lock, after flush: a future set once every event so far is durable."""
+        future: Future = Future()
+        if self.failure is not None:
+            future.set_exception(PublishError(self.failure))
+            return future
+        with self._store_lock:
+            if self._produced <= self._durable:
+                future.set_result(result)
+            else:
+                self._waiters.append((self._produced, future, result))
+        return future
+
+    def checkpoint(self) -> None:
+        """Under the engine lock: store what changed, once the events behind it are durable."""
+        state = self.state
+        if self.store is None or self.failure is not None:
+            return
+        self._checkpoint_due = time.monotonic() + CHECKPOINT_EVERY
+        changed, early = state.take_dirty()
+        if not (changed or early or self._read):
+            return
+        self._read = False
+        point = state.recovery_point()
+        batch = self.store.prepare(changed, early, state.positions, state.next_seq, point)
+        with self._store_lock:
+            needed = self._produced
+            known = self._durable_next if needed == self._durable else None
+            self._pending.append([needed, batch, known])
+
+    def commit_ready(self) -> None:
+        """Outside the engine lock, so RocksDB writes don't hold up acks and deliveries."""
+        with self._store_lock:
+            self._commit_known()
+
+    def _commit_known(self) -> None:
+        """Under the store lock: write, in order, the checkpoints whose events are durable,
+        each with the events offset just after the last event it reflects."""
+        pending = self._pending
+        while pending and pending[0][2] is not None:
+            _, batch, offset = pending.popleft()
+            self.store.commit(batch, offset)  # type: ignore[union-attr]
+
+    def _commit_recovery(self, *, force: bool = False) -> None:
+        """Every RECOVERY_EVERY seconds (and when closing), commit the stored recovery point
+        to Kafka, where a worker without this store finds it."""
+        point = self.store.recovery_point() if self.store is not None else None
+        last, sent = self._recovery_sent
+        if point is None or point == sent:
+            return
+        if not force and time.monotonic() - last < RECOVERY_EVERY:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in point.offsets.items()]
+        offsets.append(TopicPartition(self.events_topic, 0, point.events))
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=not force)  # type: ignore[union-attr]
+        except KafkaException as exc:
+            log.warning("queue %s: committing the recovery point failed: %s", self.name, exc)
+            return
+        self._recovery_sent = (time.monotonic(), point)
+
+
+_NOT_A_MESSAGE = object()
+_MESSAGES = (None, Command.DELTA_PUBLISH.value.encode())  # no command header is a publish
+
+
+def _message_expiration(headers: list[tuple[str, bytes]] | None) -> float | object | None:
+    """A publish's own expiration (seconds, or None), or _NOT_A_MESSAGE for a record that
+    is no message (a sow_delete, a bad header). Reads just the two headers that matter,
+    since every record read passes here."""
+    command = expiration = None
+    for name, value in headers or ():
+        if name == H_COMMAND:
+            command = value
+        elif name == H_EXPIRATION:
+            expiration = value
+    if command not in _MESSAGES:
+        return _NOT_A_MESSAGE
+    try:
+        return None if expiration is None else float(expiration)
+    except ValueError:
+        log.warning("a record with a bad expiration header %r is not a message", expiration)
+        return _NOT_A_MESSAGE
+
+
+def _settle_future(future: Future, outcome: Any) -> None:
+    """Set a result (or an exception), unless the waiter gave up (a closed connection)."""
+    if future.set_running_or_notify_cancel():
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
+def _ensure_events_topic(admin, name: str) -> None:
+    futures = admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=METADATA_TIMEOUT)
+    try:
+        futures[name].result()
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise TransportError(f"can't create the queue-events topic {name!r}: {exc}") from exc

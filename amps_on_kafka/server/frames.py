@@ -1,0 +1,151 @@
+"""Gateway frames: `[total length][header length][header JSON][payload]`, both ends.
+
+Both lengths are 4-byte big-endian unsigned integers; the total, N, counts every byte
+after itself (4 + header + payload) and is the frame size the limit applies to. The
+header is a JSON object of AMPS-style keys; the payload is the message, untouched, so
+the gateway never parses what it only forwards.
+
+`FrameDecoder` is sans-IO: feed it whatever bytes arrived, get back whole frames. A frame
+larger than the limit is never buffered: its header is read (to answer the right
+command) and the rest is discarded as it arrives, so the connection stays in step and
+survives. Only a total length too small to hold the header length can't be skipped.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+_LENGTH = struct.Struct(">I")
+_PREFIX = struct.Struct(">II")
+MAX_PEEK = 64 * 1024  # the most of an oversized frame's header read to find its command id
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    header: dict[str, Any]
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BadFrame:
+    """A frame that could not be used; `fatal` when the stream can't be resynchronised."""
+
+    reason: str
+    header: dict[str, Any] | None = None
+    fatal: bool = False
+
+
+def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    encoded = orjson.dumps(header)
+    return b"".join((_PREFIX.pack(4 + len(encoded) + len(payload), len(encoded)), encoded, payload))
+
+
+def parse_header(raw: bytes | bytearray) -> dict[str, Any]:
+    """The header object; ValueError says why it isn't one."""
+    try:
+        header = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"frame header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"frame header must be a JSON object, not {type(header).__name__}")
+    return header
+
+
+class FrameDecoder:
+    """Turns a byte stream, split anywhere, into Frame and BadFrame events."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.broken = False
+        self._buffer = bytearray()
+        self._pos = 0
+        self._skip = 0  # bytes of an oversized or malformed frame still to discard
+        self._peek: tuple[int, int] | None = None  # (total, header length) of an oversized frame
+
+    def feed(self, data: bytes) -> list[Frame | BadFrame]:
+        events: list[Frame | BadFrame] = []
+        if self.broken:
+            return events
+        if self._skip and not self._buffer:
+            data = self._discard(data)  # don't even copy what is being skipped
+        self._buffer += data
+        while not self.broken and self._step(events):
+            pass
+        del self._buffer[: self._pos]
+        self._pos = 0
+        return events
+
+    def _discard(self, data: bytes) -> bytes:
+        dropped = min(self._skip, len(data))
+        self._skip -= dropped
+        return data[dropped:]
+
+    def _step(self, events: list[Frame | BadFrame]) -> bool:
+        """Consume one frame or one piece of a skipped frame; False when bytes are missing."""
+        available = len(self._buffer) - self._pos
+        if self._skip:
+            dropped = min(self._skip, available)
+            self._pos += dropped
+            self._skip -= dropped
+            return self._skip == 0
+        if self._peek is not None:
+            return self._peek_oversized(events, available)
+        if available < 4:
+            return False
+        (total,) = _LENGTH.unpack_from(self._buffer, self._pos)
+        if total < 4:
+            self.broken = True
+            events.append(BadFrame(f"frame length {total} can't hold a header length", fatal=True))
+            return False
+        if available < 8:
+            return False
+        (header_length,) = _LENGTH.unpack_from(self._buffer, self._pos + 4)
+        if header_length > total - 4 or total > self.max_frame_bytes:
+            return self._refuse(events, total, header_length)
+        if available < 4 + total:
+            return False
+        events.append(self._frame(self._pos + 8, header_length, self._pos + 4 + total))
+        self._pos += 4 + total
+        return True
+
+    def _frame(self, start: int, header_length: int, end: int) -> Frame | BadFrame:
+        try:
+            header = parse_header(self._buffer[start : start + header_length])
+        except ValueError as exc:
+            return BadFrame(str(exc))
+        return Frame(header, bytes(self._buffer[start + header_length : end]))
+
+    def _refuse(self, events: list[Frame | BadFrame], total: int, header_length: int) -> bool:
+        """Skip a frame whose lengths disagree or that is too large, reading its header if small."""
+        self._pos += 8
+        if header_length > total - 4:
+            self._skip = total - 4
+            reason = f"header length {header_length} exceeds the frame length {total}"
+            events.append(BadFrame(reason))
+        elif header_length <= min(MAX_PEEK, self.max_frame_bytes):
+            self._peek = (total, header_length)
+        else:
+            self._skip = total - 4
+            events.append(BadFrame(self._too_large(total)))
+        return True
+
+    def _peek_oversized(self, events: list[Frame | BadFrame], available: int) -> bool:
+        total, header_length = self._peek  # type: ignore[misc]
+        if available < header_length:
+            return False
+        try:
+            header = parse_header(self._buffer[self._pos : self._pos + header_length])
+        except ValueError:
+            header = None
+        self._pos += header_length
+        self._skip = total - 4 - header_length
+        self._peek = None
+        events.append(BadFrame(self._too_large(total), header))
+        return True
+
+    def _too_large(self, total: int) -> str:
+        return f"frame of {total} bytes exceeds the limit of {self.max_frame_bytes}"

@@ -1,0 +1,166 @@
+"""The gateway: the worker's AMPS-style command protocol over TCP (docs/protocol.md).
+
+It runs an asyncio loop on a daemon thread of its own, so the worker (and tests) start
+it and go on: `start()` returns the address bound. Blocking work — RocksDB queries,
+Kafka metadata look-ups, opening replays — goes to a small thread pool; Kafka delivery
+reports are served by the DeliveryPump thread; each log subscription has its replay
+thread. The loop itself only moves frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from functools import partial
+from typing import Any, TypeVar
+
+from amps_on_kafka.errors import PublishError, TransportError
+from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.log.registry import TopicRegistry
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.queues import QueueEngine
+from amps_on_kafka.server.fanout import Fanout
+from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump
+from amps_on_kafka.server.queues import QueueService
+from amps_on_kafka.server.session import Session
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+START_TIMEOUT = 10.0
+T = TypeVar("T")
+
+
+class Gateway:
+    def __init__(
+        self,
+        engine: SowEngine,
+        bootstrap: str,
+        *,
+        listen: str = "127.0.0.1:9007",
+        max_frame_bytes: int = 4 * MiB,
+        max_queued_bytes: int = 64 * MiB,
+        registry: TopicRegistry | None = None,
+        queues: QueueEngine | None = None,
+    ) -> None:
+        self.engine = engine
+        self.bootstrap = bootstrap
+        self.listen = listen
+        self.max_frame_bytes = max_frame_bytes
+        self.max_queued_bytes = max_queued_bytes
+        self.registry = registry or TopicRegistry(bootstrap)
+        self.address: str | None = None
+        self.loop = asyncio.new_event_loop()
+        self.deletes = DeleteTracker()
+        self.fanout = Fanout(engine, self.loop, self.deletes)
+        self.pump = DeliveryPump(self.loop)
+        self.queues = QueueService(queues, self.loop) if queues is not None else None
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="amps-gateway-work")
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="amps-gateway", daemon=True
+        )
+        self._server: asyncio.Server | None = None
+        self._sessions: set[Session] = set()
+        self._names: dict[str, Session] = {}
+        self._retiring: set[asyncio.Future[None]] = set()
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle (any thread) -----------------------------------------------------------
+    def start(self) -> str:
+        """Bind and serve; returns "host:port" actually bound (port 0 picks a free one)."""
+        host, _, port = self.listen.rpartition(":")
+        self._thread.start()
+        self.pump.start()
+        self.engine.add_listener(self.fanout.listener)
+        try:
+            self._server = asyncio.run_coroutine_threadsafe(
+                asyncio.start_server(self._accept, host or "127.0.0.1", int(port)), self.loop
+            ).result(START_TIMEOUT)
+        except OSError as exc:
+            self.stop()
+            raise TransportError(f"gateway can't listen on {self.listen}: {exc}") from exc
+        bound = self._server.sockets[0].getsockname()
+        self.address = f"{bound[0]}:{bound[1]}"
+        log.info("gateway listening on %s", self.address)
+        return self.address
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close every connection and subscription, then the loop; idempotent."""
+        self.engine.remove_listener(self.fanout.listener)
+        if self._thread.is_alive():
+            with suppress(TimeoutError):
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(timeout)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+        if not self.loop.is_closed() and not self.loop.is_running():
+            self.loop.close()
+        for thread in self._threads:
+            thread.join(timeout)
+        self.pump.stop()
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> Gateway:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for session in list(self._sessions):
+            session.close()
+        if self._retiring:
+            await asyncio.wait(self._retiring)
+
+    # -- the event loop -----------------------------------------------------------------
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = Session(self, reader, writer)
+        self._sessions.add(session)
+        await session.run()
+
+    async def blocking(self, work: Callable[..., T], *args: Any) -> T:
+        """Run blocking work on the gateway's pool, keeping the loop free."""
+        return await self.loop.run_in_executor(self._executor, partial(work, *args))
+
+    def run_thread(self, target: Callable[[], None], name: str) -> None:
+        """A long-lived worker thread (a replay), joined when the gateway stops."""
+        self._threads = [t for t in self._threads if t.is_alive()]
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def claim(self, session: Session, name: str) -> None:
+        """A client name belongs to one connection: a new logon replaces the old one."""
+        previous = self._names.get(name)
+        if previous is not None and previous is not session:
+            log.info("%r replaced by a new logon with the same name", previous)
+            previous.close()
+        self._names[name] = session
+
+    def forget(self, session: Session) -> None:
+        self._sessions.discard(session)
+        if session.client_name is not None and self._names.get(session.client_name) is session:
+            del self._names[session.client_name]
+        self.deletes.forget(session)
+
+    def retire(self, publisher: LogPublisher) -> None:
+        """Stop serving a closed session's publisher; what it holds still goes to Kafka."""
+        self.pump.remove(publisher)
+        future = self.loop.run_in_executor(self._executor, _close_quietly, publisher)
+        self._retiring.add(future)
+        future.add_done_callback(self._retiring.discard)
+
+
+def _close_quietly(publisher: LogPublisher) -> None:
+    try:
+        publisher.close()
+    except PublishError as exc:  # nobody is left to tell: the client disconnected
+        log.warning(
+            "publisher %s closed with unpersisted messages: %s", publisher.publisher_id, exc
+        )

@@ -1,0 +1,123 @@
+"""sow and sow_and_subscribe: a SOW snapshot, in batches, then (for the latter) live.
+
+Queries run off the event loop (RocksDB reads and filtering take time) and the results
+are sent batch by batch, waiting for the connection to drain after each, so a large
+result follows the client's pace instead of piling up in memory.
+
+Replies: `group_begin`, `sow` frames of up to `bs` records (and about BATCH_BYTES of
+payload), `group_end`, then the `stats` and `completed` acks if asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from amps_on_kafka.expr import Filter
+from amps_on_kafka.processor.engine import QueryResult
+from amps_on_kafka.server.fanout import Boundary
+from amps_on_kafka.server.replies import ack, group, sow_batch
+from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, count, options, text
+from amps_on_kafka.server.subscriptions import SUBSCRIBE_OPTIONS, SowSubscription, subscription_id
+from amps_on_kafka.state.record import SowRecord
+
+if TYPE_CHECKING:
+    from amps_on_kafka.server.session import Session
+
+DEFAULT_BATCH = 100
+BATCH_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Query:
+    topic: str
+    filter: Filter | None
+    order_by: str | None
+    top_n: int | None
+    batch_size: int
+
+    @classmethod
+    def parse(cls, session: Session, header: dict) -> Query:
+        topic = text(header, "t", required=True)
+        session.gateway.engine.sow_config(topic)  # UnknownTopic before any work
+        return cls(
+            topic=topic,  # type: ignore[arg-type]
+            filter=content_filter(header),
+            order_by=text(header, "orderby"),
+            top_n=count(header, "top_n"),
+            batch_size=count(header, "bs", default=DEFAULT_BATCH, limit=MAX_BATCH) or 1,  # type: ignore[arg-type]
+        )
+
+    def options(self) -> dict:
+        return {"filter": self.filter, "order_by": self.order_by, "top_n": self.top_n}
+
+
+async def sow(session: Session, request: Request) -> None:
+    query = Query.parse(session, request.header)
+    session.spawn(_sow(session, request, query), request)
+
+
+async def _sow(session: Session, request: Request, query: Query) -> None:
+    engine = session.gateway.engine
+    result = await session.gateway.blocking(lambda: engine.query(query.topic, **query.options()))
+    await send_snapshot(session, request, query, result)
+
+
+async def sow_and_subscribe(session: Session, request: Request) -> None:
+    header = request.header
+    query = Query.parse(session, header)
+    sub = SowSubscription(
+        session,
+        subscription_id(header),
+        query.topic,
+        query.filter,
+        oof="oof" in options(header, SUBSCRIBE_OPTIONS),
+    )
+    session.add_subscription(sub)
+    sub.hold()
+    session.gateway.fanout.add(sub)  # before the snapshot: no batch after it can be missed
+    session.spawn(_snapshot_then_live(session, request, query, sub), request, on_failure=sub)
+
+
+async def _snapshot_then_live(
+    session: Session, request: Request, query: Query, sub: SowSubscription
+) -> None:
+    boundary = Boundary(session.gateway.fanout)
+    result = await session.gateway.blocking(lambda: boundary.query(query.topic, **query.options()))
+    await send_snapshot(session, request, query, result)
+    if not sub.closed:
+        sub.go_live(boundary.first)  # type: ignore[arg-type]
+
+
+async def send_snapshot(
+    session: Session, request: Request, query: Query, result: QueryResult
+) -> None:
+    header = request.header
+    if request.wants("processed"):
+        session.send(ack(header, "processed"))
+    session.send(group("group_begin", header, query.topic))
+    for chunk in batches(result.records, query.batch_size):
+        session.send(*sow_batch(header, query.topic, chunk))
+        await session.drain()
+    session.send(group("group_end", header, query.topic))
+    if request.wants("stats"):
+        session.send(
+            ack(header, "stats", matches=result.matches, records_returned=len(result.records))
+        )
+    if request.wants("completed"):
+        session.send(ack(header, "completed"))
+
+
+def batches(records: list[SowRecord], size: int) -> Iterator[list[SowRecord]]:
+    """Runs of at most `size` records and about BATCH_BYTES of payload."""
+    chunk: list[SowRecord] = []
+    payload = 0
+    for record in records:
+        chunk.append(record)
+        payload += len(record.payload)
+        if len(chunk) >= size or payload >= BATCH_BYTES:
+            yield chunk
+            chunk, payload = [], 0
+    if chunk:
+        yield chunk

@@ -1,0 +1,289 @@
+"""Queue commands at the gateway (docs/queues.md), served by the worker's QueueEngine.
+
+The commands are AMPS's own, on a queue topic:
+- `subscribe` to a queue name or a regular expression over queue names, with options
+  `max_backlog=N`: messages are pushed as `publish` with `bm` (the bookmark to ack) and
+  `lp` (the lease left, in ms; absent on a barrier message). A subscribe with a bookmark
+  is a replay of the underlying topics, as in AMPS.
+- `sow_delete` with `bm` (one bookmark or a comma-separated list) acknowledges; with
+  option `cancel` or `expire` it returns or expires instead; with `f` it acknowledges
+  every active message that matches. The processed ack (`matches`: how many) is sent
+  once the acks are durable in the queue-events topic.
+- `sow` returns the queue's active messages, in delivery order.
+- `publish` to a queue's name is written to its DefaultPublishTarget (seed 001).
+
+Deliveries come from the engine's threads; they are queued here and sent from the event
+loop in bursts, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.processor.engine import QueryResult
+from amps_on_kafka.processor.queues import QueueEngine, QueueMessage, QueueSubscription
+from amps_on_kafka.server.frames import encode_frame
+from amps_on_kafka.server.queries import DEFAULT_BATCH, Query, send_snapshot
+from amps_on_kafka.server.replies import _wire, ack
+from amps_on_kafka.server.requests import (
+    MAX_BATCH,
+    ProtocolError,
+    Request,
+    content_filter,
+    count,
+    text,
+    words,
+)
+from amps_on_kafka.server.subscriptions import subscribe as log_subscribe
+from amps_on_kafka.server.subscriptions import subscription_id
+from amps_on_kafka.state.queue import AckResult
+from amps_on_kafka.state.record import SowRecord
+
+if TYPE_CHECKING:
+    from amps_on_kafka.server.session import Session
+
+Handler = Callable[["Session", Request], Awaitable[None]]
+ACK_OPTIONS = ("cancel", "expire")
+
+
+class QueueService:
+    """The gateway's view of the queue engine, and the outbox of its deliveries."""
+
+    def __init__(self, engine: QueueEngine, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self._loop = loop
+        self._outbox: deque[tuple[Session, bytes]] = deque()
+        self._posted = False
+        self._served: dict[str, bool] = {}
+
+    def serves(self, topic: object) -> bool:
+        """Whether `topic` names a queue (or, as a regular expression, some queues)."""
+        if not isinstance(topic, str):
+            return False
+        served = self._served.get(topic)
+        if served is None:
+            served = self._served[topic] = self.engine.serves(topic)
+        return served
+
+    def post(self, session: Session, header: dict[str, Any], payload: bytes) -> None:
+        """Any thread: send a frame from the event loop, in order. Frames posted together
+        go out together: one write per connection per burst."""
+        self._outbox.append((session, encode_frame(header, payload)))
+        if self._posted:
+            return
+        self._posted = True
+        if asyncio._get_running_loop() is self._loop:
+            self._loop.call_soon(self._drain)  # at the end of this command: no thread hop
+            return
+        with suppress(RuntimeError):  # the loop is closed: the gateway is stopping
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self._posted = False
+        outbox = self._outbox
+        while outbox:
+            session, frame = outbox.popleft()
+            frames = [frame]
+            while outbox and outbox[0][0] is session:
+                frames.append(outbox.popleft()[1])
+            session.send_encoded(b"".join(frames))
+
+
+def routed(regular: Handler, queued: Handler) -> Handler:
+    """A command handler that serves queue topics with `queued`, the others as before."""
+
+    async def handle(session: Session, request: Request) -> None:
+        service = session.gateway.queues
+        if service is not None and service.serves(request.header.get("t")):
+            await queued(session, request)
+        else:
+            await regular(session, request)
+
+    return handle
+
+
+class QueueSubscriber:
+    """One queue subscription of a connection; closing it breaks its leases."""
+
+    def __init__(self, session: Session, sub_id: str) -> None:
+        self.session = session
+        self.sub_id = sub_id
+        self.closed = False
+        self.handle: QueueSubscription | None = None
+        self._service: QueueService = session.gateway.queues  # type: ignore[assignment]
+
+    def deliver(self, message: QueueMessage) -> None:
+        """Engine threads, under the engine lock: hand the message to the event loop."""
+        header: dict[str, Any] = {
+            "c": "publish",
+            "sub_id": self.sub_id,
+            "t": message.queue,
+            "bm": message.bookmark,
+            "ts": message.timestamp,
+        }
+        if message.lease_ms is not None:
+            header["lp"] = message.lease_ms
+        self._service.post(self.session, header, _wire(message.codec, message.payload, message))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.handle is not None:
+                self._service.engine.unsubscribe(self.handle)
+
+
+def _engine(session: Session) -> QueueEngine:
+    return session.gateway.queues.engine  # type: ignore[union-attr]
+
+
+async def subscribe(session: Session, request: Request) -> None:
+    header = request.header
+    if text(header, "bm") is not None:  # a bookmark subscription replays the underlying log
+        await _replay_underlying(session, request)
+        return
+    pattern = text(header, "t", required=True)
+    content_filter(header)  # a bad filter is refused with its position
+    sub = QueueSubscriber(session, subscription_id(header))
+    session.add_subscription(sub)
+    try:
+        sub.handle = _engine(session).subscribe(
+            pattern,  # type: ignore[arg-type]
+            sub.deliver,
+            session=session,
+            sub_id=sub.sub_id,
+            filter=text(header, "f"),
+            max_backlog=_max_backlog(header),
+        )
+    except BaseException:
+        session.remove_subscription(sub.sub_id)
+        raise
+    if request.wants("processed"):
+        session.send(ack(header, "processed", max_backlog=sub.handle.max_backlog))
+
+
+async def _replay_underlying(session: Session, request: Request) -> None:
+    queue = _engine(session).config.queue(request.header["t"])
+    topic = queue.topic_pattern if queue is not None else request.header["t"]
+    await log_subscribe(session, replace(request, header={**request.header, "t": topic}))
+
+
+def _max_backlog(header: dict[str, Any]) -> int | None:
+    """`o` holds AMPS's `max_backlog=N`; no other option applies to a queue."""
+    backlog = None
+    for word in words(header, "o"):
+        name, _, value = word.partition("=")
+        if name != "max_backlog" or not value.isdigit():
+            raise ProtocolError(f"option {word!r} is not supported on a queue (max_backlog=N)")
+        backlog = int(value)
+    return backlog
+
+
+async def sow_delete(session: Session, request: Request) -> None:
+    """An acknowledgement: by bookmarks (`bm`), or by filter (`f`)."""
+    header = request.header
+    queue = text(header, "t", required=True)
+    bookmarks, filter_text = text(header, "bm"), text(header, "f")
+    option = _ack_option(header)
+    if (bookmarks is None) == (filter_text is None):
+        raise ProtocolError("sow_delete on a queue takes bookmarks (bm) or a filter (f)")
+    engine = _engine(session)
+    if bookmarks is not None:
+        verb = getattr(engine, option or "ack")
+        future = verb(queue, bookmarks, session)
+    else:
+        if option is not None:
+            raise ProtocolError(f"option {option} needs bookmarks, not a filter")
+        content_filter(header)
+        future = engine.ack_by_filter(queue, filter_text, session)  # type: ignore[arg-type]
+    if request.wants("processed"):
+        session.spawn(_answer(session, request, future), request)
+    else:  # a client's batched ack: only a failure is answered
+        future.add_done_callback(partial(_report_failure, session, request))
+
+
+def _ack_option(header: dict[str, Any]) -> str | None:
+    given = words(header, "o")
+    if not given:
+        return None
+    if len(given) > 1 or not given <= set(ACK_OPTIONS):
+        raise ProtocolError(f"sow_delete on a queue takes option cancel or expire, not {given}")
+    return next(iter(given))
+
+
+async def _answer(session: Session, request: Request, future: Any) -> None:
+    """The processed ack, once the acknowledgement is durable."""
+    result = await asyncio.wrap_future(future)
+    session.send(ack(request.header, "processed", _refusal(result), matches=result.acked))
+
+
+def _report_failure(session: Session, request: Request, future: Any) -> None:
+    """Any thread: a failure ack for an acknowledgement nobody waits for."""
+    error = future.exception()
+    reason = error.reason if isinstance(error, AmpsError) else None
+    reason = reason or (_refusal(future.result()) if error is None else str(error))
+    if reason:
+        failure = ack(request.header, "processed", reason)
+        session.gateway.queues.post(session, failure, b"")  # type: ignore[union-attr]
+
+
+def _refusal(result: AckResult) -> str | None:
+    if not result.refused:
+        return None
+    return f"not leased to this client (Leasing strict): {','.join(result.refused)}"
+
+
+async def sow(session: Session, request: Request) -> None:
+    """The queue's active messages, as a sow result (`k` is the bookmark)."""
+    header = request.header
+    queue = text(header, "t", required=True)
+    filter_text = text(header, "f")
+    content_filter(header)
+    query = Query(
+        topic=queue,  # type: ignore[arg-type]
+        filter=None,
+        order_by=None,
+        top_n=count(header, "top_n"),
+        batch_size=count(header, "bs", default=DEFAULT_BATCH, limit=MAX_BATCH) or 1,  # type: ignore[arg-type]
+    )
+    messages = _engine(session).browse(queue, filter_text)  # type: ignore[arg-type]
+    records = [_as_record(m) for m in messages]
+    shown = records if query.top_n is None else records[: query.top_n]
+    session.spawn(send_snapshot(session, request, query, QueryResult(shown, len(records))), request)
+
+
+def _as_record(message: QueueMessage) -> SowRecord:
+    topic, partition, offset = message.id
+    return SowRecord(
+        topic,
+        partition,
+        message.bookmark,
+        message.payload,
+        offset,
+        message.timestamp,
+        0,
+        message.codec,
+    )
+
+
+async def sow_and_subscribe(session: Session, request: Request) -> None:
+    raise ProtocolError("sow_and_subscribe is not supported on a queue: sow, then subscribe")
+
+
+async def publish_target(session: Session, request: Request, regular: Handler) -> None:
+    """A publish to a queue's name goes to its DefaultPublishTarget (seed 001)."""
+    topic = request.header["t"]
+    target = _engine(session).publish_target(topic)
+    if target != topic:
+        request = replace(request, header={**request.header, "t": target})
+    await regular(session, request)
+
+
+def routed_publish(regular: Handler) -> Handler:
+    return routed(regular, lambda session, request: publish_target(session, request, regular))

@@ -1,0 +1,253 @@
+"""One client connection: read frames, dispatch commands, send replies.
+
+A client must log on before anything else. A command that fails for a reason the client
+can act on (an AmpsError: unknown command or topic, bad filter, bad payload, missing key
+field) gets a failure ack naming the reason, and the connection goes on. So does a bad
+frame, unless its length field makes the stream impossible to follow.
+
+Commands are handled in the order they arrive; the long ones (queries, replays, flush)
+continue as tasks so the connection keeps serving meanwhile.
+
+Slow consumers: replies go straight into the connection's write buffer. Queries and
+replays wait for it to drain; live deliveries can't wait (they would hold up every other
+subscriber), so a connection with more than `max_queued_bytes` unsent is disconnected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.server import publishing, queries, queues, subscriptions
+from amps_on_kafka.server.frames import BadFrame, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.server.publishing import Writes
+from amps_on_kafka.server.replies import ack
+from amps_on_kafka.server.requests import ProtocolError, Request, acks, text
+
+if TYPE_CHECKING:
+    from amps_on_kafka.server.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 256 * 1024
+
+Handler = Callable[["Session", Request], Awaitable[None]]
+
+
+class Subscription(Protocol):
+    sub_id: str
+    closed: bool
+
+    def close(self) -> None: ...
+
+
+class Session:
+    def __init__(
+        self, gateway: Gateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.gateway = gateway
+        self.reader = reader
+        self.writer = writer
+        self.peer = writer.get_extra_info("peername")
+        self.decoder = FrameDecoder(gateway.max_frame_bytes)
+        self.client_name: str | None = None
+        self.subscriptions: dict[str, Subscription] = {}
+        self.closed = False
+        self._writes: Writes | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        return f"Session({self.client_name or '?'}@{self.peer})"
+
+    # -- reading -------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            while not self.closed:
+                data = await self.reader.read(READ_SIZE)
+                if not data:
+                    break
+                for event in self.decoder.feed(data):
+                    if self.closed:
+                        break
+                    await self._handle(event)
+        except ConnectionError:
+            pass
+        except Exception:  # a bug: drop this connection, keep the gateway serving
+            log.exception("%r failed; closing the connection", self)
+        finally:
+            self.close()
+
+    async def _handle(self, event: Frame | BadFrame) -> None:
+        if isinstance(event, BadFrame):
+            self.fail(event.header or {}, event.reason)
+            if event.fatal:
+                self.close()
+            return
+        header = event.header
+        try:
+            request = Request(header, event.payload, acks(header))
+            handler = self._handler(header)
+            if request.wants("received"):
+                self.send(ack(header, "received"))
+            await handler(self, request)
+        except AmpsError as exc:
+            self.fail(header, exc.reason)
+
+    def _handler(self, header: dict[str, Any]) -> Handler:
+        command = header.get("c")
+        handler = HANDLERS.get(command) if isinstance(command, str) else None
+        if handler is None:
+            raise ProtocolError(f"unknown command {command!r}")
+        if self.client_name is None and command != "logon":
+            raise ProtocolError(f"{command}: log on first")
+        return handler
+
+    # -- writing -------------------------------------------------------------------
+    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        self.send_encoded(encode_frame(header, payload))
+
+    def send_encoded(self, frames: bytes) -> None:
+        """Frames already encoded (several at once: one write for a burst of deliveries)."""
+        if self.closed:
+            return
+        self.writer.write(frames)
+        if self.writer.transport.get_write_buffer_size() > self.gateway.max_queued_bytes:
+            log.warning(
+                "%r: disconnecting a slow consumer, more than %d bytes queued",
+                self,
+                self.gateway.max_queued_bytes,
+            )
+            self.writer.transport.abort()
+            self.close()
+
+    def fail(self, request: dict[str, Any], reason: str) -> None:
+        """A failure ack for a command (or a frame) the session could not carry out."""
+        self.send(ack(request, "processed", reason))
+
+    async def drain(self) -> None:
+        """Wait until the client has taken most of what was sent (flow control)."""
+        if self.closed:
+            return
+        try:
+            await self.writer.drain()
+        except ConnectionError:
+            self.close()
+
+    # -- state ---------------------------------------------------------------------
+    @property
+    def writes(self) -> Writes:
+        if self._writes is None:
+            publisher = LogPublisher(
+                self.gateway.bootstrap,
+                self.client_name,  # type: ignore[arg-type]
+                registry=self.gateway.registry,
+                on_failed_write=_reported_per_command,
+            )
+            self._writes = Writes(self, publisher)
+            self.gateway.pump.add(publisher)
+        return self._writes
+
+    def add_subscription(self, sub: Subscription) -> None:
+        if sub.sub_id in self.subscriptions:
+            raise ProtocolError(f"sub_id {sub.sub_id!r} is already in use on this connection")
+        self.subscriptions[sub.sub_id] = sub
+
+    def remove_subscription(self, sub_id: str) -> bool:
+        sub = self.subscriptions.pop(sub_id, None)
+        if sub is not None:
+            sub.close()
+        return sub is not None
+
+    def spawn(
+        self,
+        work: Coroutine[Any, Any, None],
+        request: Request,
+        *,
+        on_failure: Subscription | None = None,
+    ) -> None:
+        """Run a long command as a task; its AmpsError becomes a failure ack."""
+        task = asyncio.get_running_loop().create_task(self._guarded(work, request, on_failure))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(
+        self, work: Coroutine[Any, Any, None], request: Request, on_failure: Subscription | None
+    ) -> None:
+        try:
+            await work
+        except AmpsError as exc:
+            if on_failure is not None and self.subscriptions.get(on_failure.sub_id) is on_failure:
+                self.remove_subscription(on_failure.sub_id)
+            self.fail(request.header, exc.reason)
+        except Exception:  # a bug: drop this connection, keep the gateway serving
+            log.exception("%r: %s failed; closing the connection", self, request.command)
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for sub in self.subscriptions.values():
+            sub.close()
+        self.subscriptions.clear()
+        self.gateway.forget(self)
+        if self._writes is not None:
+            self.gateway.retire(self._writes.publisher)
+        self.writer.close()
+
+
+def _reported_per_command(_failure: object) -> None:
+    """Failures reach the session through each command's on_persisted callback."""
+
+
+async def logon(session: Session, request: Request) -> None:
+    name = text(request.header, "client_name", required=True)
+    if session.client_name is not None:
+        raise ProtocolError(f"already logged on as {session.client_name!r}")
+    if "|" in name:  # type: ignore[operator]
+        raise ProtocolError(f"client name {name!r} must not contain '|'")
+    session.gateway.claim(session, name)  # type: ignore[arg-type]
+    session.client_name = name
+    session.send(
+        ack(
+            request.header,
+            "processed",
+            client_name=name,
+            max_frame_bytes=session.gateway.max_frame_bytes,
+        )
+    )
+
+
+async def heartbeat(session: Session, request: Request) -> None:
+    session.send(ack(request.header, "heartbeat"))
+
+
+async def unsubscribe(session: Session, request: Request) -> None:
+    sub_id = text(request.header, "sub_id", required=True)
+    if sub_id == "all":
+        for known in list(session.subscriptions):
+            session.remove_subscription(known)
+    elif not session.remove_subscription(sub_id):  # type: ignore[arg-type]
+        raise ProtocolError(f"no subscription {sub_id!r} on this connection")
+    if request.wants("processed"):
+        session.send(ack(request.header, "processed"))
+
+
+HANDLERS: dict[str, Handler] = {
+    "logon": logon,
+    "heartbeat": heartbeat,
+    "publish": queues.routed_publish(publishing.publish),
+    "delta_publish": queues.routed_publish(publishing.publish),
+    "sow_delete": queues.routed(publishing.sow_delete, queues.sow_delete),
+    "flush": publishing.flush,
+    "sow": queues.routed(queries.sow, queues.sow),
+    "subscribe": queues.routed(subscriptions.subscribe, queues.subscribe),
+    "sow_and_subscribe": queues.routed(queries.sow_and_subscribe, queues.sow_and_subscribe),
+    "unsubscribe": unsubscribe,
+}

@@ -1,0 +1,230 @@
+"""subscribe: live SOW changes, or the log itself through a Replay.
+
+A subscription to a SOW topic of this worker follows the engine: each upsert whose new
+record matches is delivered as `publish`; with the `oof` option, a record the subscriber
+could have seen (its old version matched) that is deleted, expires or stops matching is
+announced by `oof` with reason `deleted`, `expired` or `match` (the last carrying the
+new record).
+
+A subscription with a bookmark, or to a log topic that is not a SOW topic, reads the
+log: a Replay (one Kafka consumer, assigned, never in a group) iterated on a thread of
+its own, from the bookmark or from NOW. Its `completed` ack marks the end of the replay.
+The thread waits for the connection to drain every BACKPRESSURE_EVERY messages, so a
+replay goes at the subscriber's pace instead of filling memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from contextlib import suppress
+from functools import partial
+from typing import TYPE_CHECKING
+
+from amps_on_kafka import NOW
+from amps_on_kafka.errors import AmpsError, MessageError
+from amps_on_kafka.expr import Filter
+from amps_on_kafka.log.message import Completed, LogMessage
+from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.server.replies import ack, delivery, log_delivery, log_payload, record_payload
+from amps_on_kafka.server.requests import ProtocolError, Request, content_filter, options, text
+from amps_on_kafka.state.events import Change, ChangeKind
+from amps_on_kafka.state.record import SowRecord
+
+if TYPE_CHECKING:
+    from amps_on_kafka.server.session import Session
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBE_OPTIONS = frozenset({"oof"})
+REPLAY_IDLE = 0.25  # seconds: how often an idle replay thread checks that it should go on
+BACKPRESSURE_EVERY = 500
+PUBLISHED = frozenset({"publish", "delta_publish"})
+
+
+def subscription_id(header: dict) -> str:
+    """`sub_id`, else the `cid`; recorded in the header so that every reply carries it."""
+    sub_id = text(header, "sub_id") or text(header, "cid")
+    if sub_id is None:
+        raise ProtocolError(f"{header.get('c')} needs 'sub_id' (or 'cid')")
+    header["sub_id"] = sub_id
+    return sub_id
+
+
+class SowSubscription:
+    """Live changes of one SOW topic, filtered; buffered until a snapshot has been sent."""
+
+    def __init__(
+        self, session: Session, sub_id: str, topic: str, filter: Filter | None, *, oof: bool
+    ) -> None:
+        self.session = session
+        self.sub_id = sub_id
+        self.topic = topic
+        self.filter = filter
+        self.oof = oof
+        self.closed = False
+        self.buffer: list[tuple[int, list[Change]]] | None = None
+
+    def hold(self) -> None:
+        """Buffer changes until go_live (sow_and_subscribe sends its snapshot meanwhile)."""
+        self.buffer = []
+
+    def go_live(self, first: int) -> None:
+        """Deliver the buffered batches numbered `first` or later, then follow live."""
+        held, self.buffer = self.buffer or [], None
+        for number, changes in held:
+            if number >= first:
+                self.deliver(changes)
+
+    def on_changes(self, number: int, changes: list[Change]) -> None:
+        if self.buffer is not None:
+            self.buffer.append((number, changes))
+        elif not self.closed:
+            self.deliver(changes)
+
+    def deliver(self, changes: list[Change]) -> None:
+        send = self.session.send
+        for change in changes:
+            reply = self._reply(change)
+            if reply is not None:
+                send(*reply)
+
+    def _reply(self, change: Change) -> tuple[dict, bytes] | None:
+        old_matched = self.oof and change.old is not None and self._matches(change.old)
+        if change.kind is ChangeKind.UPSERT:
+            new: SowRecord = change.new  # type: ignore[assignment]
+            if self._matches(new):
+                return delivery("publish", self.sub_id, new), record_payload(new)
+            if old_matched:
+                return delivery("oof", self.sub_id, new, "match"), record_payload(new)
+            return None
+        if old_matched:
+            reason = "deleted" if change.kind is ChangeKind.DELETE else "expired"
+            return delivery("oof", self.sub_id, change.old, reason), record_payload(change.old)  # type: ignore[arg-type]
+        return None
+
+    def _matches(self, record: SowRecord) -> bool:
+        if self.filter is None:
+            return True
+        try:
+            return self.filter.matches(record.data)
+        except MessageError:
+            return False
+
+    def close(self) -> None:
+        self.closed = True
+        self.session.gateway.fanout.remove(self)
+
+
+class LogSubscription:
+    """The log from a bookmark (or NOW), filtered, on a thread that owns its Replay."""
+
+    def __init__(
+        self, session: Session, request: Request, sub_id: str, topic: str, filter: Filter | None
+    ) -> None:
+        self.session = session
+        self.request = request
+        self.sub_id = sub_id
+        self.topic = topic
+        self.filter = filter
+        self.closed = False
+        self._completed = False
+        self._stop = threading.Event()
+        self._loop = asyncio.get_running_loop()
+
+    async def start(self, bookmark: str) -> None:
+        gateway = self.session.gateway
+        predicate = self.filter.matches if self.filter is not None else None
+        replay = await gateway.blocking(
+            partial(
+                Replay,
+                gateway.bootstrap,
+                self.topic,
+                bookmark,
+                predicate=predicate,
+                registry=gateway.registry,
+                max_idle=REPLAY_IDLE,
+            )
+        )
+        if self.closed:
+            await gateway.blocking(replay.close)
+            return
+        if self.request.wants("processed"):
+            self.session.send(ack(self.request.header, "processed"))
+        gateway.run_thread(partial(self._pump, replay), f"amps-replay-{self.sub_id}")
+
+    def close(self) -> None:
+        self.closed = True
+        self._stop.set()
+
+    # -- the replay thread -------------------------------------------------------------
+    def _pump(self, replay: Replay) -> None:
+        posted = 0
+        try:
+            while not self._stop.is_set():
+                for item in replay:  # ends after REPLAY_IDLE without messages
+                    if self._stop.is_set():
+                        break
+                    self._loop.call_soon_threadsafe(self._deliver, item)
+                    posted += 1
+                    if posted % BACKPRESSURE_EVERY == 0:
+                        self._wait_drained()
+        except AmpsError as exc:
+            self._post_failure(exc.reason)
+        except RuntimeError:
+            pass  # the event loop closed under us: the gateway stopped
+        finally:
+            replay.close()
+
+    def _wait_drained(self) -> None:
+        future = asyncio.run_coroutine_threadsafe(self.session.drain(), self._loop)
+        while not self._stop.is_set():
+            try:
+                future.result(REPLAY_IDLE)
+                return
+            except TimeoutError:
+                continue
+        future.cancel()
+
+    def _post_failure(self, reason: str) -> None:
+        reason = f"subscription {self.sub_id}: {reason}"
+        with suppress(RuntimeError):  # the event loop closed under us: the gateway stopped
+            self._loop.call_soon_threadsafe(self.session.fail, self.request.header, reason)
+
+    # -- the event loop ----------------------------------------------------------------
+    def _deliver(self, item: LogMessage | Completed) -> None:
+        if self.closed:
+            return
+        if isinstance(item, Completed):
+            if not self._completed and self.request.wants("completed"):
+                self.session.send(ack(self.request.header, "completed"))
+            self._completed = True
+            return
+        try:
+            if item.command not in PUBLISHED:
+                return  # sow_delete records are state changes, not messages
+            self.session.send(log_delivery(self.sub_id, item), log_payload(item))
+        except MessageError as exc:
+            log.warning("subscription %s skips %s: %s", self.sub_id, item.bookmark, exc)
+
+
+async def subscribe(session: Session, request: Request) -> None:
+    header = request.header
+    topic = text(header, "t", required=True)
+    sub_id = subscription_id(header)
+    filter = content_filter(header)
+    oof = "oof" in options(header, SUBSCRIBE_OPTIONS)
+    bookmark = text(header, "bm")
+    if bookmark is None and session.gateway.engine.is_sow_topic(topic):
+        sub = SowSubscription(session, sub_id, topic, filter, oof=oof)
+        session.add_subscription(sub)
+        session.gateway.fanout.add(sub)
+        if request.wants("processed"):
+            session.send(ack(header, "processed"))
+        return
+    if oof:
+        raise ProtocolError("oof needs a SOW topic of this worker and no bookmark")
+    replayed = LogSubscription(session, request, sub_id, topic, filter)
+    session.add_subscription(replayed)
+    session.spawn(replayed.start(bookmark or NOW), request, on_failure=replayed)

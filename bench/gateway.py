@@ -1,0 +1,135 @@
+"""Issue 4 gateway benchmarks: sow key look-ups and a filtered SOW scan over tcp://.
+
+    python -m bench gateway [--lookup-records 100000] [--lookups 2000]
+                            [--scan-records 1000000] [--filter "/qty > 500"]
+
+A worker and its gateway run in this process; the client runs in a spawned process, as
+an application would (and so it doesn't share the gateway's GIL). The scan is reported
+as SOW records scanned per second beside raw confluent-kafka consuming (and decoding)
+the same records from the log, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from amps_on_kafka.client import Client
+from amps_on_kafka.processor.worker import Worker
+from amps_on_kafka.server.gateway import Gateway
+from bench.common import Result, bootstrap, documents, encoded_size, new_topic, report
+from bench.log import raw_consume
+from bench.sow import fill, log_ends, run_until_caught_up, sow_config
+
+
+def serve(servers: str, topic: str, state: str) -> tuple[Worker, Gateway]:
+    """A worker caught up with the topic's log, and its gateway on a free port."""
+    worker = Worker(sow_config(topic, 1), servers, state, group_id=f"bench-{topic}")
+    run_until_caught_up(worker, topic, log_ends(servers, topic, 1))
+    gateway = Gateway(worker.engine, servers, listen="127.0.0.1:0")
+    gateway.start()
+    return worker, gateway
+
+
+def lookups(address: str, topic: str, records: int, count: int) -> list[float]:
+    """Seconds per `sow` of one key (a point look-up), in a client of its own."""
+    rng = random.Random(11)
+    with Client("bench-lookups") as client:
+        client.connect(f"tcp://{address}/amps/json")
+        client.logon()
+        latencies = []
+        for key in (rng.randrange(records) for _ in range(count)):
+            start = time.perf_counter()
+            found = list(client.sow(topic, f"/id = {key}"))
+            latencies.append(time.perf_counter() - start)
+            assert len(found) == 1, (key, found)
+        return latencies
+
+
+def heartbeats(address: str, count: int) -> list[float]:
+    """The round trip floor: a heartbeat answered by the gateway loop alone."""
+    with Client("bench-heartbeats") as client:
+        client.connect(f"tcp://{address}/amps/json")
+        client.logon()
+        latencies = []
+        for _ in range(count):
+            start = time.perf_counter()
+            client.heartbeat()
+            latencies.append(time.perf_counter() - start)
+        return latencies
+
+
+def scan(address: str, topic: str, filter: str) -> tuple[float, int]:
+    """Seconds to receive (and decode) every record matching the filter, and how many."""
+    with Client("bench-scan") as client:
+        client.connect(f"tcp://{address}/amps/json")
+        client.logon()
+        start = time.perf_counter()
+        delivered = 0
+        for message in client.sow(topic, filter, batch_size=500):
+            message.data  # noqa: B018 - decode, as an application would
+            delivered += 1
+        return time.perf_counter() - start, delivered
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+def bench_lookups(servers: str, client: ProcessPoolExecutor, records: int, count: int) -> None:
+    topic = new_topic(servers, "gateway-keys", 1, key=("/id",))
+    fill(servers, topic, documents(records, records))
+    with tempfile.TemporaryDirectory() as state:
+        worker, gateway = serve(servers, topic, state)
+        try:
+            floor = client.submit(heartbeats, gateway.address, count).result()
+            took = client.submit(lookups, gateway.address, topic, records, count).result()
+        finally:
+            gateway.stop()
+            worker.stop()
+    print(
+        f"sow by key over tcp, {records:,} records: p50 {percentile(took, 0.5) * 1e3:.2f} ms, "
+        f"p99 {percentile(took, 0.99) * 1e3:.2f} ms (heartbeat round trip: p50 "
+        f"{percentile(floor, 0.5) * 1e3:.2f} ms, p99 {percentile(floor, 0.99) * 1e3:.2f} ms)",
+        flush=True,
+    )
+
+
+def bench_scan(servers: str, client: ProcessPoolExecutor, records: int, filter: str) -> None:
+    topic = new_topic(servers, "gateway-scan", 1, key=("/id",))
+    fill(servers, topic, documents(records, records))
+    peer = raw_consume(servers, topic, 1, records)
+    with tempfile.TemporaryDirectory() as state:
+        worker, gateway = serve(servers, topic, state)
+        try:
+            seconds, delivered = client.submit(scan, gateway.address, topic, filter).result()
+        finally:
+            gateway.stop()
+            worker.stop()
+    ours = Result("gateway", seconds, records)
+    report(f"sow scan over tcp, {records:,} records, {filter!r}", ours, peer)
+    print(f"{'':<48} {delivered:,} records matched and delivered ({delivered / seconds:,.0f}/s)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench gateway")
+    parser.add_argument("--lookup-records", type=int, default=100_000)
+    parser.add_argument("--lookups", type=int, default=2_000)
+    parser.add_argument("--scan-records", type=int, default=1_000_000)
+    parser.add_argument("--filter", default="/qty > 500")
+    args = parser.parse_args(argv)
+    servers = bootstrap()
+    print(f"# SOW records of ~{encoded_size(documents(1)[0])} bytes of JSON, broker {servers}")
+    spawn = multiprocessing.get_context("spawn")  # never fork a process holding RocksDB
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as client:
+        bench_lookups(servers, client, args.lookup_records, args.lookups)
+        bench_scan(servers, client, args.scan_records, args.filter)
+
+
+if __name__ == "__main__":
+    main()

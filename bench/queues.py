@@ -1,0 +1,290 @@
+"""Issue 5 queue benchmarks: queue messages delivered and acknowledged through the gateway.
+
+    python -m bench queues [--messages 100000] [--subscribers 4] [--backlog 10]
+                           [--ack-batch 5] [--partitions 1] [--lease-samples 5]
+                           [--share-lease]
+
+Workload: an at-least-once queue, SUBSCRIBERS subscribers with max_backlog BACKLOG, 200
+bytes of JSON per message. The queue engine and its gateway run in this process; each
+subscriber (a tcp:// client) is a spawned process of its own, as applications are, and
+so is the publisher. Each subscriber decodes every message and acks it (batched by the
+client, ACK_BATCH bookmarks per sow_delete). The rate is messages read from Kafka,
+delivered, acknowledged and removed per second, from the first delivery until the queue
+is empty, beside, in the same run and on the same broker:
+
+- raw confluent-kafka consuming (and decoding) the same messages from the log;
+- Kafka's own queues, KIP-932 share groups: SUBSCRIBERS ShareConsumers, each acquiring
+  at most BACKLOG records per poll, acknowledging every record explicitly.
+
+Then the lease-expiry redelivery lag: how long after its lease runs out a message that
+was never acknowledged reaches a subscriber again (--share-lease measures the share
+group's too; the broker allows no record lock shorter than 15 s, so it is opt-in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import multiprocessing
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+
+import orjson
+from confluent_kafka import ShareConsumer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import ResourceType as Resource
+
+from amps_on_kafka.client import Client
+from amps_on_kafka.config import Config
+from amps_on_kafka.log.kafka import log_producer
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.queues import QueueEngine, now_ms
+from amps_on_kafka.server.gateway import Gateway
+from bench.common import Result, bootstrap, documents, encoded_size, new_topic, report
+from bench.log import raw_consume
+
+TARGET_RATE = 20_000  # messages per second, the issue's target
+IDLE = 10.0  # seconds a subscriber waits for a message before it gives up
+
+
+# -- shared pieces ---------------------------------------------------------------------
+def produce(servers: str, topic: str, count: int) -> None:
+    """Publish `count` documents with the project's producer settings (acks=all)."""
+    producer = log_producer(servers)
+    for doc in documents(count):
+        while True:
+            try:
+                producer.produce(topic, orjson.dumps(doc))
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(120) == 0
+
+
+def queue_config(topic: str, backlog: int, lease: str) -> Config:
+    return Config.model_validate(
+        {
+            "Topics": [{"Name": topic}],
+            "Queues": [{"Name": topic, "LeasePeriod": lease, "MaxPerSubscriptionBacklog": backlog}],
+        }
+    )
+
+
+def serve(servers: str, config: Config, state: str) -> tuple[QueueEngine, Gateway, str]:
+    engine = QueueEngine(config, servers, state)
+    engine.start()
+    engine.wait_ready()
+    gateway = Gateway(SowEngine(Config(), {}, now_ms), servers, listen="127.0.0.1:0", queues=engine)
+    return engine, gateway, gateway.start()
+
+
+# -- ours: each subscriber an application of its own (a spawned process) -------------------
+def subscriber(address, queue, backlog, ack_batch, subscribed, firsts) -> None:
+    """Decode and ack every message delivered, until the benchmark ends this process."""
+    with Client(f"bench-sub-{uuid.uuid4().hex[:6]}") as client:
+        client.connect(f"tcp://{address}/amps/json")
+        client.logon()
+        client.set_ack_batch_size(ack_batch)
+        client.set_ack_timeout(0.002)
+        stream = client.subscribe(queue, options=f"max_backlog={backlog}")
+        subscribed.wait()
+        first = True
+        for message in stream:
+            if first:
+                firsts.put(time.time())
+                first = False
+            message.data  # noqa: B018 - decode, as an application would
+            message.ack()
+
+
+def ours(servers: str, topic: str, count: int, args: argparse.Namespace) -> Result:
+    """From the first delivery until every message is read, delivered, acked and removed."""
+    spawn = multiprocessing.get_context("spawn")  # never fork a process that opened RocksDB
+    with tempfile.TemporaryDirectory() as state:
+        engine, gateway, address = serve(servers, queue_config(topic, args.backlog, "60s"), state)
+        subscribed, firsts = spawn.Barrier(args.subscribers + 1), spawn.Queue()
+        options = (address, topic, args.backlog, args.ack_batch, subscribed, firsts)
+        apps = [spawn.Process(target=subscriber, args=options) for _ in range(args.subscribers)]
+        try:
+            for app in apps:
+                app.start()
+            subscribed.wait(60)
+            publisher = spawn.Process(target=produce, args=(servers, topic, count))
+            publisher.start()
+            queue = engine.runtimes[topic].state
+            while not (queue.depth == 0 and sum(queue.positions.values()) >= count):
+                time.sleep(0.002)
+            finished = time.time()
+            first = min(firsts.get(timeout=10) for _ in apps)
+            publisher.join(30)
+        finally:
+            for app in apps:
+                app.terminate()  # every message is acknowledged: nothing is lost
+                app.join(10)
+            gateway.stop()
+            engine.stop()
+    return Result("queue", finished - first, count)
+
+
+# -- Kafka share groups --------------------------------------------------------------------
+def share_group(servers: str, lock_ms: int | None = None) -> str:
+    """A share group that starts at the beginning of the log (the default is the end)."""
+    group = f"bench-share-{uuid.uuid4().hex[:8]}"
+    entries = [
+        ConfigEntry(
+            "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+        )
+    ]
+    if lock_ms is not None:
+        entries.append(
+            ConfigEntry(
+                "share.record.lock.duration.ms",
+                str(lock_ms),
+                incremental_operation=AlterConfigOpType.SET,
+            )
+        )
+    resource = ConfigResource(Resource.GROUP, group, incremental_configs=entries)
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.incremental_alter_configs([resource])[resource].result()
+    return group
+
+
+def share_consumer(servers: str, group: str, topic: str, records: int, mode: str = "explicit"):
+    consumer = ShareConsumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": group,
+            "share.acknowledgement.mode": mode,
+            "max.poll.records": records,
+        }
+    )
+    consumer.subscribe([topic])
+    return consumer
+
+
+def share_run(servers: str, topic: str, count: int, args: argparse.Namespace) -> Result:
+    """SUBSCRIBERS share consumers, each acquiring BACKLOG records at a time, in threads."""
+    group = share_group(servers)
+    lock = threading.Lock()
+    tally = {"acked": 0, "first": None}
+    done = threading.Event()
+
+    def consume() -> None:
+        consumer = share_consumer(servers, group, topic, args.backlog)
+        try:
+            while not done.is_set():
+                batch = consumer.poll(0.2)
+                if not batch:
+                    continue
+                for record in batch:
+                    orjson.loads(record.value())
+                    consumer.acknowledge(record)
+                consumer.commit_async()
+                with lock:
+                    tally["first"] = tally["first"] or time.perf_counter()
+                    tally["acked"] += len(batch)
+                    if tally["acked"] >= count:
+                        done.set()
+        finally:
+            consumer.close()
+
+    threads = [threading.Thread(target=consume) for _ in range(args.subscribers)]
+    for thread in threads:
+        thread.start()
+    assert done.wait(300), f"share consumers acked {tally['acked']} of {count}"
+    finished = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return Result("share", finished - tally["first"], count)
+
+
+# -- lease-expiry redelivery lag ------------------------------------------------------------
+def lease_lag(servers: str, samples: int, lease_ms: int = 200) -> list[float]:
+    """Seconds past the lease period until an unacknowledged message is delivered again."""
+    topic = new_topic(servers, "queue-lease", 1)
+    config = queue_config(topic, 1, f"{lease_ms}ms")
+    with tempfile.TemporaryDirectory() as state:
+        engine, gateway, address = serve(servers, config, state)
+        try:
+            with Client(f"bench-lease-{uuid.uuid4().hex[:4]}") as client:
+                client.connect(f"tcp://{address}/amps/json")
+                client.logon()
+                with client.subscribe(topic, timeout=IDLE) as stream:
+                    produce(servers, topic, 1)
+                    arrivals = []
+                    for _ in stream:  # never acknowledged: each lease runs out
+                        arrivals.append(time.perf_counter())
+                        if len(arrivals) > samples:
+                            break
+        finally:
+            gateway.stop()
+            engine.stop()
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    return [gap - lease_ms / 1000 for gap in gaps]
+
+
+def share_lease_lag(servers: str, topic: str, lock_ms: int = 15_000) -> float:
+    """Seconds past the record lock until a share group redelivers what one consumer
+    acquired and never acknowledged, to another consumer of the group."""
+    group = share_group(servers, lock_ms)
+    holder = share_consumer(servers, group, topic, 1)
+    other = share_consumer(servers, group, topic, 500, mode="implicit")
+    try:
+        held: set[tuple[int, int]] = set()
+        while not held:
+            held = {(r.partition(), r.offset()) for r in holder.poll(0.5) or ()}
+        acquired = time.perf_counter()  # the holder now goes quiet, as a failed consumer does
+        while True:
+            for record in other.poll(0.05) or ():
+                if (record.partition(), record.offset()) in held:
+                    return time.perf_counter() - acquired - lock_ms / 1000
+    finally:
+        other.close()
+        holder.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench queues")
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--subscribers", type=int, default=4)
+    parser.add_argument("--backlog", type=int, default=10)
+    parser.add_argument("--ack-batch", type=int, default=5)
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--lease-samples", type=int, default=5)
+    parser.add_argument("--share-lease", action="store_true")
+    args = parser.parse_args(argv)
+    servers = bootstrap()
+    count = args.messages
+    print(
+        f"# {count:,} messages of ~{encoded_size(documents(1)[0])} bytes of JSON, "
+        f"{args.subscribers} subscribers, max_backlog {args.backlog}, acks batched by "
+        f"{args.ack_batch}, {args.partitions} partition(s), broker {servers}"
+    )
+    raw_topic = new_topic(servers, "queue-raw", args.partitions)
+    produce(servers, raw_topic, count)
+    peer = raw_consume(servers, raw_topic, args.partitions, count)
+    mine = ours(servers, new_topic(servers, "queue", args.partitions), count, args)
+    report("queue: delivered + acked via the gateway", mine, peer)
+    verdict = "met" if mine.rate >= TARGET_RATE else "MISSED"
+    print(f"{'':<48} target {TARGET_RATE:,}/s: {verdict}", flush=True)
+    share = share_run(servers, raw_topic, count, args)
+    report("queue vs Kafka share groups (KIP-932)", mine, share)
+    lags = lease_lag(servers, args.lease_samples)
+    median, worst = statistics.median(lags) * 1000, max(lags) * 1000
+    print(
+        f"{'lease-expiry redelivery lag (lease 200ms)':<48} median {median:.1f} ms, "
+        f"max {worst:.1f} ms over {len(lags)} redeliveries",
+        flush=True,
+    )
+    if args.share_lease:
+        lag = share_lease_lag(servers, raw_topic)
+        print(
+            f"{'share group redelivery lag (record lock 15s)':<48} {lag * 1000:.1f} ms", flush=True
+        )
+
+
+if __name__ == "__main__":
+    main()

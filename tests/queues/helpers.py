@@ -1,0 +1,126 @@
+"""Building blocks for the queue tests: a clock the test moves, messages, queues."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import TopicPartition
+
+from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.kafka import reader
+from amps_on_kafka.processor.queues import events_topic
+from amps_on_kafka.state.queue import (
+    Delivery,
+    MessageId,
+    QueueEntry,
+    QueueEvent,
+    QueuePolicy,
+    QueueState,
+    Subscription,
+)
+from amps_on_kafka.state.queue_store import decode_events
+
+TOPIC = "orders"
+
+
+@dataclass
+class FakeClock:
+    """Milliseconds that pass only when the test says so."""
+
+    now: int = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+def message(
+    offset: int,
+    data: Any = None,
+    *,
+    topic: str = TOPIC,
+    partition: int = 0,
+    timestamp: int = 1_000_000,
+    expiration: float | None = None,
+) -> QueueEntry:
+    document = {"n": offset} if data is None else data
+    return QueueEntry(
+        (topic, partition, offset),
+        timestamp,
+        orjson.dumps(document),
+        JSON,
+        expiration=expiration,
+    )
+
+
+def queue(clock: FakeClock | None = None, **policy: Any) -> QueueState:
+    state = QueueState(QueuePolicy(name="Q", **policy), clock or FakeClock())
+    return state
+
+
+def subscriber(
+    state: QueueState, name: str, backlog: int = 1, *, session: str | None = None, flt=None
+) -> Subscription:
+    sub = Subscription(name, session or name, flt, backlog)
+    state.subscribe(sub)
+    return sub
+
+
+def fill(state: QueueState, count: int, start: int = 0, **kw: Any) -> list[MessageId]:
+    ids = []
+    for offset in range(start, start + count):
+        entry = message(offset, **kw)
+        state.enqueue(entry)
+        ids.append(entry.id)
+    return ids
+
+
+def run(state: QueueState) -> list[Delivery]:
+    """Dispatch and return the deliveries made (events stay in the outbox)."""
+    state.dispatch()
+    deliveries, state.outbox.deliveries = state.outbox.deliveries, []
+    return deliveries
+
+
+def offsets(deliveries: list[Delivery]) -> list[int]:
+    return [d.entry.id[2] for d in deliveries]
+
+
+def to(deliveries: list[Delivery]) -> list[tuple[str, int]]:
+    return [(d.subscription.sub_id, d.entry.id[2]) for d in deliveries]
+
+
+def events_of(state: QueueState) -> list[QueueEvent]:
+    return state.outbox.take().events
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "it") -> None:
+    """Wait for a condition that the engine's own threads bring about."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached after {timeout}s")
+        time.sleep(0.01)
+
+
+def event_records(bootstrap: str, queue: str) -> list[list[QueueEvent]]:
+    """Every record of a queue's events topic, decoded."""
+    consumer = reader(bootstrap)
+    topic = events_topic(queue)
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        records, position = [], 0
+        while position < high:
+            for record in consumer.consume(100, timeout=1):
+                records.append(decode_events(record.value()))
+                position = record.offset() + 1
+        return records
+    finally:
+        consumer.close()

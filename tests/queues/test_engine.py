@@ -1,0 +1,216 @@
+"""The queue engine against a real broker and RocksDB: delivery, acks that are answered
+only once durable, leases in real time, dead letters, browsing, and recovery."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from amps_on_kafka.errors import TransportError
+from amps_on_kafka.log.kafka import reader
+from amps_on_kafka.processor.queues import GROUP_PREFIX, QueueEngine
+from amps_on_kafka.state.queue import EventKind
+from tests.queues.conftest import Inbox
+from tests.queues.helpers import event_records, eventually
+
+ROOT = Path(__file__).parents[2]
+
+
+def publish(publisher, queue: str, numbers, **extra) -> None:
+    for n in numbers:
+        publisher.publish(queue, {"n": n, **extra})
+    publisher.flush(10)
+
+
+def test_subscription_is_pushed_messages_with_bookmark_and_lease_period_up_to_its_backlog(
+    queue_config, engines, publisher
+):
+    config = queue_config(LeasePeriod="30s")
+    queue = config.queues[0].name
+    engine = engines(config)
+    inbox = Inbox()
+    handle = engine.subscribe(queue, inbox, session="s1", sub_id="sub1", max_backlog=3)
+    assert handle.max_backlog == 3
+    publish(publisher, queue, range(5))
+    first = inbox.wait_for(3)
+    eventually(lambda: engine.runtimes[queue].state.depth == 5, what="all 5 read")
+    assert len(inbox.messages) == 3  # the backlog is full
+    assert [m.data["n"] for m in first] == [0, 1, 2]
+    assert [m.bookmark for m in first] == [f"{queue}|0|{i}|" for i in range(3)]
+    assert all(29_000 < m.lease_ms <= 30_000 for m in first)
+    result = engine.ack(queue, ",".join(m.bookmark for m in first[:2]), "s1").result(10)
+    assert result.acked == 2
+    assert [m.data["n"] for m in inbox.wait_for(5)[3:]] == [3, 4]
+
+
+def test_an_ack_is_answered_only_once_it_is_durable_in_the_queue_events_topic(
+    queue_config, engines, publisher, bootstrap
+):
+    config = queue_config()
+    queue = config.queues[0].name
+    engine = engines(config)
+    inbox = Inbox()
+    engine.subscribe(queue, inbox, session="s1", sub_id="sub1", max_backlog=2)
+    publish(publisher, queue, range(2))
+    bookmarks = [m.bookmark for m in inbox.wait_for(2)]
+    future = engine.ack(queue, bookmarks, "s1")
+    assert future.result(10).acked == 2
+    removed = {
+        "{}|{}|{}|".format(*e.id)
+        for record in event_records(bootstrap, queue)
+        for e in record
+        if e.kind is EventKind.REMOVE
+    }
+    assert set(bookmarks) <= removed
+
+
+def test_a_lease_that_runs_out_returns_the_message_for_redelivery(queue_config, engines, publisher):
+    config = queue_config(LeasePeriod="300ms")
+    queue = config.queues[0].name
+    engine = engines(config)
+    inbox = Inbox()
+    engine.subscribe(queue, inbox, session="s1", sub_id="sub1")
+    publish(publisher, queue, [7])
+    first, again = inbox.wait_for(2, timeout=10)
+    assert first.bookmark == again.bookmark
+    assert (first.deliveries, again.deliveries) == (1, 2)
+    assert 0 < again.lease_ms <= 300
+
+
+def test_disconnect_returns_leases_to_another_subscriber_at_once(queue_config, engines, publisher):
+    config = queue_config(LeasePeriod="1h")
+    queue = config.queues[0].name
+    engine = engines(config)
+    first, second = Inbox(), Inbox()
+    engine.subscribe(queue, first, session="s1", sub_id="a", max_backlog=10)
+    publish(publisher, queue, range(3))
+    first.wait_for(3)
+    engine.subscribe(queue, second, session="s2", sub_id="b", max_backlog=10)
+    engine.disconnect("s1")
+    assert sorted(m.data["n"] for m in second.wait_for(3, timeout=5)) == [0, 1, 2]
+
+
+def test_expired_message_goes_to_the_dead_letter_topic(
+    queue_config, engines, publisher, topic_factory, bootstrap
+):
+    dead = topic_factory()
+    config = queue_config(DeadLetterTopic=dead, MaxDeliveries=1)
+    queue = config.queues[0].name
+    engine = engines(config)
+    inbox = Inbox()
+    engine.subscribe(queue, inbox, session="s1", sub_id="a")
+    publish(publisher, queue, [1])
+    [message] = inbox.wait_for(1)
+    engine.expire(queue, message.bookmark, "s1").result(10)
+    consumer = reader(bootstrap)
+    consumer.assign([TopicPartition(dead, 0, 0)])
+    records = []
+    deadline = time.monotonic() + 10
+    while not records and time.monotonic() < deadline:
+        records = consumer.consume(1, timeout=0.5)
+    consumer.close()
+    [record] = records
+    assert orjson.loads(record.value()) == {"n": 1}
+    assert dict(record.headers())["source"] == message.bookmark.encode()
+
+
+def test_sow_on_a_queue_and_ack_by_filter(queue_config, engines, publisher):
+    config = queue_config()
+    queue = config.queues[0].name
+    engine = engines(config)
+    publish(publisher, queue, range(6))
+    eventually(lambda: len(engine.browse(queue)) == 6, what="6 messages in the queue")
+    assert [m.data["n"] for m in engine.browse(queue, "/n > 3")] == [4, 5]
+    assert engine.ack_by_filter(queue, "/n < 2", "s1").result(10).acked == 2
+    assert [m.data["n"] for m in engine.browse(queue)] == [2, 3, 4, 5]
+
+
+def test_sigkill_loses_no_unacknowledged_message_and_redelivers_no_acknowledged_one(
+    queue_config, engines, publisher, bootstrap, tmp_path
+):
+    """After a SIGKILL of the worker and a restart: no acknowledged message is delivered
+    again, no unacknowledged one is lost, and the leases held at the crash are returned."""
+    config = queue_config(LeasePeriod="1h")
+    queue = config.queues[0].name
+    state_dir = tmp_path / "crashing"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.queues.crash_child",
+            config.model_dump_json(by_alias=True),
+            str(state_dir),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        publish(publisher, queue, range(20))
+        seen: dict[str, set[str]] = {"acked": set(), "held": set()}
+        while len(seen["acked"]) + len(seen["held"]) < 20:
+            verb, bookmark = child.stdout.readline().split()
+            seen[verb].add(bookmark)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    engine = engines(config, state_dir)
+    inbox = Inbox()
+    engine.subscribe(queue, inbox, session="s2", sub_id="after", max_backlog=1000)
+    inbox.wait_for(10)
+    eventually(lambda: engine.runtimes[queue].state.positions[(queue, 0)] == 20, what="all read")
+    assert set(inbox.bookmarks) == seen["held"]  # returned leases, and nothing acked
+    assert len(inbox.messages) == 10
+
+
+def test_a_worker_without_the_store_rebuilds_the_queue_from_the_logs(
+    queue_config, engines, publisher, bootstrap, tmp_path
+):
+    config = queue_config()
+    queue = config.queues[0].name
+    first = engines(config, tmp_path / "one")
+    inbox = Inbox()
+    handle = first.subscribe(queue, inbox, session="s1", sub_id="a", max_backlog=100)
+    publish(publisher, queue, range(10))
+    messages = inbox.wait_for(10)
+    acked = [m.bookmark for m in messages if m.data["n"] in (0, 1, 2, 5)]
+    first.ack(queue, acked, "s1").result(10)
+    first.unsubscribe(handle)
+    before = [m.bookmark for m in first.browse(queue)]
+    first.stop()
+    committed = _committed(bootstrap, queue)
+    assert committed[(queue, 0)] == 3  # the recovery point: everything before it acked
+    second = engines(config, tmp_path / "two")
+    assert [m.bookmark for m in second.browse(queue)] == before
+    assert second.runtimes[queue].state.recovery_point().offsets[(queue, 0)] == 3
+
+
+def _committed(bootstrap: str, queue: str) -> dict:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{GROUP_PREFIX}{queue}"})
+    try:
+        found = consumer.committed([TopicPartition(queue, 0)], timeout=10)
+        return {(tp.topic, tp.partition): tp.offset for tp in found}
+    finally:
+        consumer.close()
+
+
+def test_a_queue_refuses_commands_until_it_has_recovered(queue_config, bootstrap, tmp_path):
+    """Deliveries must wait for the events replay: an acked message could still be in it."""
+    config = queue_config()
+    queue = config.queues[0].name
+    engine = QueueEngine(config, bootstrap, tmp_path)  # not started: still recovering
+    assert engine.serves(queue)
+    with pytest.raises(TransportError, match="recovering"):
+        engine.subscribe(queue, Inbox(), session="s", sub_id="a")
+    with pytest.raises(TransportError, match="recovering"):
+        engine.ack(queue, f"{queue}|0|0|", "s")

@@ -1,0 +1,238 @@
+"""Queues through the gateway and the client (tcp://): subscribe with max_backlog,
+message.ack() with its options and batching, sow and filtered acks on a queue, leases
+broken by a disconnect, publishes to a queue's name, and the Worker hook."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from amps_on_kafka.client import Client
+from amps_on_kafka.config import Config
+from amps_on_kafka.errors import MessageError, ServerError
+from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.queues import QueueEngine, events_topic
+from amps_on_kafka.processor.worker import Worker, now_ms
+from amps_on_kafka.server.gateway import Gateway
+from tests.conftest import create_topic, delete_topics
+from tests.queues.helpers import event_records, eventually
+
+
+@dataclass
+class Served:
+    queue: str
+    engine: QueueEngine
+    address: str
+
+    def client(self, name: str | None = None) -> Client:
+        client = Client(name or f"c-{uuid.uuid4().hex[:6]}")
+        client.connect(f"tcp://{self.address}/amps/json")
+        client.logon()
+        return client
+
+
+@pytest.fixture
+def serve(bootstrap, engines) -> Iterator[Callable[[Config], Served]]:
+    """``serve(config)``: the config's first queue behind a gateway (no SOW topics)."""
+    opened: list[Gateway] = []
+
+    def start(config: Config) -> Served:
+        engine = engines(config)
+        gateway = Gateway(
+            SowEngine(Config(), {}, now_ms), bootstrap, listen="127.0.0.1:0", queues=engine
+        )
+        opened.append(gateway)
+        return Served(config.queues[0].name, engine, gateway.start())
+
+    yield start
+    for gateway in opened:
+        gateway.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[Callable[[Served], Client]]:
+    made: list[Client] = []
+
+    def make(served: Served) -> Client:
+        made.append(served.client())
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def take(stream, count: int) -> list:
+    messages = []
+    for message in stream:
+        messages.append(message)
+        if len(messages) == count:
+            break
+    assert len(messages) == count, f"{len(messages)} of {count} messages"
+    return messages
+
+
+def test_queue_subscription_gets_max_backlog_messages_each_with_bookmark_and_lease(
+    serve, clients, queue_config
+):
+    served = serve(queue_config(LeasePeriod="20s"))
+    client = clients(served)
+    with client.subscribe(served.queue, options="max_backlog=2", timeout=5) as stream:
+        for n in range(4):
+            client.publish(served.queue, {"n": n})
+        client.publish_flush()
+        first = take(stream, 2)
+        assert [m.data["n"] for m in first] == [0, 1]
+        assert all(0 < m.lease_period <= 20_000 for m in first)
+        assert [m.bookmark for m in first] == [f"{served.queue}|0|{n}|" for n in (0, 1)]
+        eventually(lambda: served.engine.runtimes[served.queue].state.depth == 4)
+        for message in first:
+            message.ack()
+        assert [m.data["n"] for m in take(stream, 2)] == [2, 3]
+
+
+def test_message_ack_cancel_returns_it_and_expire_removes_it(serve, clients, queue_config):
+    served = serve(queue_config())
+    client = clients(served)
+    with client.subscribe(served.queue, timeout=5) as stream:
+        client.publish(served.queue, {"n": 1})
+        client.publish_flush()
+        [first] = take(stream, 1)
+        first.ack("cancel")
+        [again] = take(stream, 1)
+        assert again.bookmark == first.bookmark
+        again.ack("expire")
+        eventually(lambda: served.engine.runtimes[served.queue].state.depth == 0)
+    assert list(client.sow(served.queue)) == []
+
+
+def test_client_batches_acks_into_one_sow_delete(serve, clients, queue_config, bootstrap):
+    served = serve(queue_config())
+    client = clients(served)
+    client.set_ack_batch_size(3)
+    client.set_ack_timeout(30)  # only a full batch goes
+    with client.subscribe(served.queue, options="max_backlog=3", timeout=5) as stream:
+        for n in range(3):
+            client.publish(served.queue, {"n": n})
+        client.publish_flush()
+        for message in take(stream, 3):
+            message.ack()
+        eventually(lambda: served.engine.runtimes[served.queue].state.depth == 0)
+    records = event_records(bootstrap, served.queue)
+    acks = [r for r in records if all(e.kind.value == "remove" for e in r)]
+    assert [len(r) for r in acks] == [3]  # one record, one sow_delete, three bookmarks
+
+
+def test_only_a_leased_queue_message_can_be_acked(serve, clients, queue_config):
+    served = serve(queue_config())
+    client = clients(served)
+    client.publish(served.queue, {"n": 1})
+    client.publish_flush()
+    eventually(lambda: served.engine.runtimes[served.queue].state.depth == 1)
+    [browsed] = list(client.sow(served.queue))
+    with pytest.raises(MessageError, match="not a leased queue message"):
+        browsed.ack()
+
+
+def test_sow_on_a_queue_and_an_ack_by_filter_through_the_gateway(serve, clients, queue_config):
+    served = serve(queue_config())
+    client = clients(served)
+    for n in range(5):
+        client.publish(served.queue, {"n": n})
+    client.publish_flush()
+    eventually(lambda: served.engine.runtimes[served.queue].state.depth == 5)
+    assert [m.data["n"] for m in client.sow(served.queue, "/n >= 3")] == [3, 4]
+    assert client.sow_delete(served.queue, "/n < 2").matches == 2
+    records = list(client.sow(served.queue))
+    assert [m.data["n"] for m in records] == [2, 3, 4]
+    assert records[0].bookmark == f"{served.queue}|0|2|"
+
+
+def test_client_ack_returns_once_durable_and_strict_leasing_refuses_others(
+    serve, clients, queue_config
+):
+    served = serve(queue_config())
+    holder, other = clients(served), clients(served)
+    with holder.subscribe(served.queue, timeout=5) as stream:
+        holder.publish(served.queue, {"n": 1})
+        holder.publish_flush()
+        [message] = take(stream, 1)
+        with pytest.raises(ServerError, match="Leasing strict"):
+            other.ack(served.queue, message.bookmark)
+        assert holder.ack(served.queue, [message.bookmark]).matches == 1
+
+
+def test_disconnect_breaks_the_leases_at_once(serve, clients, queue_config):
+    served = serve(queue_config(LeasePeriod="1h"))
+    first, second = clients(served), clients(served)
+    stream = first.subscribe(served.queue, options="max_backlog=5", timeout=5)
+    for n in range(3):
+        first.publish(served.queue, {"n": n})
+    first.publish_flush()
+    take(stream, 3)
+    with second.subscribe(served.queue, options="max_backlog=5", timeout=5) as later:
+        first.close()
+        assert sorted(m.data["n"] for m in take(later, 3)) == [0, 1, 2]
+
+
+def test_a_queue_subscription_with_a_bookmark_replays_the_underlying_topic(
+    serve, clients, queue_config
+):
+    served = serve(queue_config())
+    client = clients(served)
+    for n in range(2):
+        client.publish(served.queue, {"n": n})
+    client.publish_flush()
+    with client.bookmark_subscribe(served.queue, "0", timeout=5) as replay:
+        assert [m.data["n"] for m in take(replay, 3) if m.command == "publish"] == [0, 1]
+
+
+def test_publish_to_the_queue_name_is_written_to_its_direct_topic(
+    serve, clients, bootstrap, topic_factory
+):
+    base = topic_factory()
+    queue, direct = f"{base}_Q", f"{base}_Q_DIRECT"
+    create_topic(bootstrap, TopicSpec(direct, 1))
+    config = Config.model_validate(
+        {
+            "Topics": [{"Name": base}, {"Name": direct}],
+            "Queues": [{"Name": queue, "UnderlyingTopic": f"^{base}(_Q_DIRECT)?$"}],
+        }
+    )
+    try:
+        served = serve(config)
+        client = clients(served)
+        client.publish(queue, {"via": "name"})
+        client.publish(base, {"via": "underlying"})
+        client.publish_flush()
+        eventually(lambda: served.engine.runtimes[queue].state.depth == 2)
+        bookmarks = {m.data["via"]: m.bookmark for m in client.sow(queue)}
+        assert bookmarks["name"].startswith(f"{direct}|")
+        assert bookmarks["underlying"].startswith(f"{base}|")
+    finally:
+        delete_topics(bootstrap, [direct, events_topic(queue)])
+
+
+def test_the_worker_starts_and_stops_the_queue_engine(bootstrap, topic_factory, tmp_path):
+    sow_topic, queued = topic_factory(key=("/id",)), topic_factory()
+    config = Config.model_validate(
+        {
+            "Topics": [{"Name": sow_topic}, {"Name": queued}],
+            "SOW": [{"Topic": sow_topic, "Key": "/id"}],
+            "Queues": [{"Name": queued}],
+        }
+    )
+    worker = Worker(config, bootstrap, tmp_path, group_id=f"test-{uuid.uuid4().hex}")
+    worker.start()
+    try:
+        worker.wait_ready(60)
+        assert worker.queues is not None
+        assert worker.queues.runtimes[queued].ready.is_set()
+    finally:
+        worker.stop()
+        delete_topics(bootstrap, [events_topic(queued)])
+    assert (tmp_path / "_queues" / queued).is_dir()

@@ -1,0 +1,83 @@
+"""Seed 001, "Using Multiple Underlying Topics": the routing table of the ORDERS /
+ORDERS_ANALYTICS / ORDERS_RISK example, with config/queues-example.yaml as the config."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from amps_on_kafka.config import Config, load_config
+from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.processor.queues import events_topic
+from tests.conftest import create_topic, delete_topics
+from tests.queues.helpers import eventually
+
+EXAMPLE = Path(__file__).parents[2] / "config" / "queues-example.yaml"
+
+# The seed's table: a publish to this topic is enqueued by exactly these queues.
+SEED_TABLE = {
+    "ORDERS": {"ORDERS_ANALYTICS", "ORDERS_RISK"},
+    "ORDERS_ANALYTICS": {"ORDERS_ANALYTICS"},
+    "ORDERS_RISK": {"ORDERS_RISK"},
+    "ORDERS_ANALYTICS_DIRECT": {"ORDERS_ANALYTICS"},
+    "ORDERS_RISK_DIRECT": {"ORDERS_RISK"},
+}
+
+
+def test_publish_to_a_queue_name_is_written_to_its_direct_topic():
+    config = load_config(EXAMPLE)
+    assert config.publish_target("ORDERS_ANALYTICS") == "ORDERS_ANALYTICS_DIRECT"  # default
+    assert config.publish_target("ORDERS_RISK") == "ORDERS_RISK_DIRECT"  # configured
+    assert config.publish_target("ORDERS") == "ORDERS"
+
+
+@pytest.mark.parametrize(("published_to", "enqueued_by"), SEED_TABLE.items())
+def test_the_seed_routing_table(published_to, enqueued_by):
+    config = load_config(EXAMPLE)
+    written_to = config.publish_target(published_to)
+    assert {q.name for q in config.queues_viewing(written_to)} == enqueued_by
+
+
+def test_the_seed_routing_table_end_to_end(bootstrap, publisher, engines):
+    """Publish one message to each topic of the table through Kafka; each queue holds
+    exactly the messages the seed says it enqueues."""
+    prefix = f"R{uuid.uuid4().hex[:6]}_"
+    config = _renamed(load_config(EXAMPLE), prefix)
+    names = [t.name for t in config.topics]
+    for name in names:
+        create_topic(bootstrap, TopicSpec(name, 1))
+    try:
+        engine = engines(config)
+        for topic in SEED_TABLE:
+            publisher.publish(engine.publish_target(prefix + topic), {"row": topic})
+        publisher.flush(10)
+        expected = {
+            queue: {row for row, queues in SEED_TABLE.items() if queue in queues}
+            for queue in ("ORDERS_ANALYTICS", "ORDERS_RISK")
+        }
+        for queue, rows in expected.items():
+            _wait_depth(engine, prefix + queue, len(rows))
+            assert {m.data["row"] for m in engine.browse(prefix + queue)} == rows
+    finally:
+        queues = [prefix + q for q in ("ORDERS_ANALYTICS", "ORDERS_RISK")]
+        delete_topics(bootstrap, names + [events_topic(q) for q in queues])
+
+
+def _renamed(config: Config, prefix: str) -> Config:
+    """The example with every name prefixed, so runs sharing a broker don't collide."""
+    raw = config.model_dump(by_alias=True, exclude_none=True)
+    for topic in raw["Topics"]:
+        topic["Name"] = prefix + topic["Name"]
+    for queue in raw["Queues"]:
+        queue["Name"] = prefix + queue["Name"]
+        queue["UnderlyingTopic"] = queue["UnderlyingTopic"].replace("^", "^" + prefix)
+        if "DefaultPublishTarget" in queue:
+            queue["DefaultPublishTarget"] = prefix + queue["DefaultPublishTarget"]
+        queue.pop("DeadLetterTopic", None)
+    return Config.model_validate(raw)
+
+
+def _wait_depth(engine, queue: str, depth: int) -> None:
+    eventually(lambda: engine.runtimes[queue].state.depth >= depth, what=f"{queue} depth")

@@ -1,0 +1,212 @@
+"""The gateway over a running worker: sow, subscriptions, oof, sow_delete, sow_and_subscribe."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import orjson
+import pytest
+
+from amps_on_kafka.errors import ServerError
+from tests.server.helpers import WAIT, is_ack
+
+
+def publish_applied(client, topic: str, docs: list[dict]) -> None:
+    """Publish and return once the worker has applied every document."""
+    with client.subscribe(topic, timeout=WAIT) as applied:
+        for doc in docs:
+            client.publish(topic, doc)
+        client.publish_flush(WAIT)
+        assert len(list(itertools.islice(applied, len(docs)))) == len(docs)
+
+
+@pytest.fixture
+def client(served, client_to):
+    return client_to(served.address)
+
+
+@pytest.fixture
+def wire(served, wire_to):
+    connection = wire_to(served.address)
+    connection.logon("sow-test")
+    return connection
+
+
+def test_a_tcp_publish_reaches_the_sow_with_its_metadata(served, client):
+    publish_applied(client, served.topic, [{"id": 1, "qty": 5}])
+    [record] = list(client.sow(served.topic))
+    assert record.command == "sow" and record.data == {"id": 1, "qty": 5}
+    assert record.sow_key == "1" and record.topic == served.topic
+    assert record.bookmark.startswith(f"{served.topic}|") and record.timestamp > 0
+    assert record.expiration is None
+
+
+def test_sow_filters_orders_and_limits(served, client):
+    publish_applied(client, served.topic, [{"id": i, "qty": i} for i in range(10)])
+    records = list(client.sow(served.topic, "/qty >= 3", order_by="/qty DESC", top_n=3))
+    assert [r.data["qty"] for r in records] == [9, 8, 7]
+    assert [r.data for r in client.sow(served.topic, "/id = 4")] == [{"id": 4, "qty": 4}]
+
+
+def test_sow_results_come_in_batches_with_stats(served, client, wire):
+    publish_applied(client, served.topic, [{"id": i} for i in range(10)])
+    wire.send({"c": "sow", "cid": "q", "t": served.topic, "bs": 3, "a": "stats,completed"})
+    frames = wire.until(lambda f: is_ack(f, "completed"))
+    assert [f.header["c"] for f in frames] == [
+        "group_begin",
+        *["sow"] * 4,
+        "group_end",
+        "ack",
+        "ack",
+    ]
+    assert [len(f.header["recs"]) for f in frames[1:5]] == [3, 3, 3, 1]
+    keys = sorted(int(meta["k"]) for f in frames[1:5] for meta in f.header["recs"])
+    assert keys == list(range(10))
+    stats = frames[-2].header
+    assert (stats["a"], stats["matches"], stats["records_returned"]) == ("stats", 10, 10)
+
+
+def test_delta_publish_merges_into_the_record(served, client):
+    publish_applied(client, served.topic, [{"id": 1, "a": 1, "b": 1}])
+    with client.subscribe(served.topic, timeout=WAIT) as applied:
+        client.delta_publish(served.topic, {"id": 1, "b": 2})
+        assert next(applied).data == {"id": 1, "a": 1, "b": 2}
+    assert [r.data for r in client.sow(served.topic)] == [{"id": 1, "a": 1, "b": 2}]
+
+
+def test_a_subscription_gets_matching_upserts_live_in_order(served, client, client_to):
+    publisher = client_to(served.address)
+    with client.subscribe(served.topic, "/qty > 5", timeout=WAIT) as live:
+        for qty in (1, 6, 2, 7, 8):
+            publisher.publish(served.topic, {"id": 1, "qty": qty})
+        publisher.publish_flush(WAIT)
+        seen = [(m.command, m.sow_key, m.data["qty"]) for m in itertools.islice(live, 3)]
+    assert seen == [("publish", "1", 6), ("publish", "1", 7), ("publish", "1", 8)]
+
+
+def test_oof_for_records_that_leave_the_subscription(served, client, wire):
+    wire.send(
+        {
+            "c": "subscribe",
+            "cid": "s",
+            "sub_id": "s",
+            "t": served.topic,
+            "f": "/qty > 5",
+            "o": "oof",
+            "a": "processed",
+        }
+    )
+    assert is_ack(wire.recv(), "processed")
+    for doc in ({"id": 1, "qty": 10}, {"id": 2, "qty": 10}, {"id": 4, "qty": 1}):
+        client.publish(served.topic, doc)
+    client.publish(served.topic, {"id": 3, "qty": 7}, expiration=0.5)
+    client.publish_flush(WAIT)
+    assert sorted(orjson.loads(f.payload)["id"] for f in (wire.recv() for _ in range(3))) == [
+        1,
+        2,
+        3,
+    ]
+
+    client.publish(served.topic, {"id": 1, "qty": 1})  # no longer matches
+    client.sow_delete(served.topic, keys=["2", "4"])  # 4 never matched: no oof for it
+    oofs = {}
+    for frame in (wire.recv() for _ in range(3)):  # 3 expires after half a second
+        assert frame.header["c"] == "oof" and frame.header["sub_id"] == "s"
+        oofs[frame.header["reason"]] = (frame.header["k"], orjson.loads(frame.payload))
+    assert oofs == {
+        "match": ("1", {"id": 1, "qty": 1}),
+        "deleted": ("2", {"id": 2, "qty": 10}),
+        "expired": ("3", {"id": 3, "qty": 7}),
+    }
+    fence = wire.request({"c": "sow", "cid": "fence", "t": served.topic})
+    assert fence.header["c"] == "group_begin"  # nothing else was delivered before it
+
+
+def test_unsubscribe_stops_deliveries(served, client, wire):
+    wire.send({"c": "subscribe", "cid": "s", "sub_id": "gone", "t": served.topic, "a": "processed"})
+    assert is_ack(wire.recv(), "processed")
+    assert is_ack(
+        wire.request({"c": "unsubscribe", "cid": "u", "sub_id": "gone", "a": "processed"}),
+        "processed",
+    )
+    publish_applied(client, served.topic, [{"id": 1}])
+    assert (
+        wire.request({"c": "sow", "cid": "fence", "t": served.topic}).header["c"] == "group_begin"
+    )
+
+
+def test_sow_delete_acks_count_what_was_deleted(served, client):
+    publish_applied(client, served.topic, [{"id": i, "qty": i} for i in range(10)])
+    by_filter = client.sow_delete(served.topic, "/qty < 4")  # one record per partition
+    assert (by_filter.command, by_filter.ack_type, by_filter.status, by_filter.matches) == (
+        "ack",
+        "processed",
+        "success",
+        4,
+    )
+    assert client.sow_delete(served.topic, keys=["5", "6", "no-such-key"]).matches == 2
+    assert client.sow_delete(served.topic, data={"id": 9}).matches == 1
+    assert client.sow_delete(served.topic, "/qty > 100").matches == 0
+    assert sorted(r.data["id"] for r in client.sow(served.topic)) == [4, 7, 8]
+
+
+def test_errors_carry_the_servers_reason(served, client):
+    with pytest.raises(ServerError, match="at position 8"):
+        client.sow(served.topic, "/qty > > 1")
+    with pytest.raises(ServerError, match="not a SOW topic of this worker"):
+        client.sow("elsewhere")
+    with pytest.raises(ServerError, match="expected"):
+        client.sow_and_subscribe(served.topic, order_by="/qty DESC DESC DESC", sub_id="x")
+    with client.sow_and_subscribe(served.topic, sub_id="x", timeout=WAIT) as stream:  # x was freed
+        assert next(stream).command == "group_begin"
+    client.heartbeat()
+
+
+def test_sow_and_subscribe_joins_snapshot_and_live_with_no_gap_and_no_duplicate(
+    served, client, client_to
+):
+    """Versions of each key are published before, during and after the snapshot; the
+    subscriber's view of every key must step through consecutive versions to the last."""
+    keys, topic = 20, served.topic
+    publisher = client_to(served.address)
+    ten_rounds, subscribed = threading.Event(), threading.Event()
+    final: list[int] = []
+
+    def publish_rounds() -> None:
+        stop_at = None
+        for version in itertools.count():
+            for key in range(keys):
+                publisher.publish(topic, {"id": key, "v": version})
+            publisher.publish_flush(WAIT)
+            if version == 9:
+                ten_rounds.set()
+            if subscribed.is_set():
+                stop_at = version + 5 if stop_at is None else stop_at
+                if version >= stop_at:
+                    final.append(version)
+                    return
+
+    thread = threading.Thread(target=publish_rounds)
+    thread.start()
+    assert ten_rounds.wait(WAIT)
+    seen: dict[str, list[int]] = {}
+    snapshot_keys = set()
+    with client.sow_and_subscribe(topic, batch_size=7, timeout=WAIT) as stream:
+        subscribed.set()
+        thread.join(60)
+        in_snapshot = None
+        for message in stream:
+            if message.command in ("group_begin", "group_end"):
+                in_snapshot = message.command == "group_begin"
+                continue
+            assert message.command == ("sow" if in_snapshot else "publish")
+            if in_snapshot:
+                snapshot_keys.add(message.sow_key)
+            seen.setdefault(message.sow_key, []).append(message.data["v"])
+            if len(seen) == keys and all(v[-1] == final[0] for v in seen.values()):
+                break
+    assert len(snapshot_keys) == keys
+    for versions in seen.values():
+        assert versions == list(range(versions[0], final[0] + 1))
+    assert all(len(versions) > 5 for versions in seen.values())  # live deliveries happened

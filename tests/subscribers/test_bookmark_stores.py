@@ -1,0 +1,250 @@
+"""Bookmark stores on their own (seed 003): recovery points, discards, duplicates, files.
+
+Messages are built as a replay builds them; the broker tests in test_subscriber_recovery
+run the same rules end to end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amps_on_kafka import EPOCH
+from amps_on_kafka.client import LoggedBookmarkStore, MemoryBookmarkStore, RingBookmarkStore
+from amps_on_kafka.client.bookmark_store import BookmarkStore
+from tests.subscribers.conftest import record
+
+KINDS = ["memory", "logged", "ring"]
+FILED = ["logged", "ring"]
+
+
+def open_store(kind: str, folder: Path) -> BookmarkStore:
+    if kind == "memory":
+        return MemoryBookmarkStore()
+    if kind == "logged":
+        return LoggedBookmarkStore(folder / "bookmarks.log")
+    return RingBookmarkStore(folder / "bookmarks.ring")
+
+
+@pytest.fixture(params=KINDS)
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store(kind, tmp_path):
+    with open_store(kind, tmp_path) as opened:
+        yield opened
+
+
+def deliver(store: BookmarkStore, offsets, sub_id="s", **where) -> list[bool]:
+    return [store.log(record(o, 1000 + o, **where), sub_id) for o in offsets]
+
+
+def test_recovery_point_is_the_newest_bookmark_with_everything_before_it_discarded(store):
+    """Seed 003: the store resubscribes at "the earliest message not discarded"."""
+    deliver(store, range(6))
+    for offset in (0, 1, 3, 4):
+        store.discard(record(offset), "s")
+    assert store.get_most_recent("s") == "orders|0|1|"  # 2 is still being processed
+    store.discard(record(2), "s")
+    assert store.get_most_recent("s") == "orders|0|4|"
+
+
+def test_the_recovery_point_lists_one_bookmark_per_partition(store):
+    """A subscription's place on a multi-partition topic is a bookmark list (DESIGN 6)."""
+    for partition in (0, 1, 2):
+        deliver(store, range(3), partition=partition)
+    store.discard(record(0, partition=0), "s")
+    store.discard(record(0, partition=2), "s")
+    store.discard(record(1, partition=2), "s")
+    assert store.get_most_recent("s") == "orders|0|0|,orders|2|1|"
+
+
+def test_a_store_that_knows_nothing_recovers_from_epoch(store):
+    """Seed 004: MOST_RECENT with no record of the subscription starts at EPOCH."""
+    assert store.get_most_recent("never-seen") == EPOCH
+    deliver(store, range(3))
+    assert store.get_most_recent("s") == EPOCH  # delivered, but nothing discarded yet
+
+
+def test_is_discarded_answers_for_messages_before_and_after_the_recovery_point(store):
+    deliver(store, range(4))
+    store.discard(record(0), "s")
+    store.discard(record(2), "s")
+    assert [store.is_discarded(record(o), "s") for o in range(4)] == [True, False, True, False]
+
+
+def test_a_message_delivered_once_is_not_delivered_again_in_the_same_session(store):
+    """A reconnect resubscribes from the recovery point: what the application already
+    holds (delivered, not yet discarded) must not come twice."""
+    assert deliver(store, range(5)) == [True] * 5
+    store.discard(record(0), "s")
+    assert deliver(store, range(1, 7)) == [False] * 4 + [True, True]
+
+
+@pytest.mark.parametrize("kind", ["memory", "logged"])
+def test_duplicate_detection_seed_example_1000_1002_then_999_is_dropped(store):
+    """Seed 003: "sequence numbers 1000 and 1002 followed by 999, it must discard 999"."""
+    assert store.log(record(0, 1000), "s")
+    assert store.log(record(1, 1002), "s")
+    assert not store.log(record(2, 999), "s")
+    assert not store.log(record(3, 1002), "s")  # not newer than one already seen
+    assert store.log(record(4, 1003), "s")
+    assert store.log(record(5, 999, publisher=b"pub-b"), "s")  # sequences are per publisher
+
+
+def test_duplicates_are_judged_per_partition_where_kafka_keeps_order(store):
+    """A publisher's records interleave across partitions; within one they rise."""
+    assert store.log(record(0, 1002, partition=1), "s")
+    assert store.log(record(0, 1001, partition=0), "s")
+    assert not store.log(record(1, 1001, partition=0), "s")
+
+
+def test_a_dropped_duplicate_does_not_hold_back_the_recovery_point(store):
+    store.log(record(0, 1000), "s")
+    store.log(record(1, 1000), "s")  # a republished copy: refused
+    store.discard(record(0), "s")
+    assert store.get_most_recent("s") == "orders|0|1|"
+
+
+def test_discard_is_idempotent_and_ignores_what_it_never_saw(store):
+    deliver(store, range(2))
+    store.discard(record(0), "s")
+    store.discard(record(0), "s")
+    store.discard(record(0), "unknown-subscription")
+    assert store.get_most_recent("s") == "orders|0|0|"
+
+
+def test_purge_forgets_one_subscription_or_all(store):
+    for sub_id in ("a", "b"):
+        deliver(store, range(2), sub_id)
+        store.discard(record(0), sub_id)
+    store.purge("a")
+    assert (store.get_most_recent("a"), store.get_most_recent("b")) == (EPOCH, "orders|0|0|")
+    store.purge()
+    assert store.get_most_recent("b") == EPOCH
+
+
+@pytest.mark.parametrize("kind", FILED)
+def test_purge_is_kept_by_the_file(kind, tmp_path):
+    with open_store(kind, tmp_path) as store:
+        for sub_id in ("a", "b"):
+            deliver(store, range(2), sub_id)
+            store.discard(record(0), sub_id)
+        store.purge("a")
+    with open_store(kind, tmp_path) as store:
+        assert (store.get_most_recent("a"), store.get_most_recent("b")) == (EPOCH, "orders|0|0|")
+
+
+@pytest.mark.parametrize("kind", FILED)
+def test_a_new_subscription_recovers_where_it_started(kind, tmp_path):
+    """A NOW subscription that dies before it gets a message must not come back at EPOCH:
+    the store keeps where each partition started."""
+    with open_store(kind, tmp_path) as store:
+        store.note_start("s", {("orders", 0): 40, ("orders", 1): 0})
+    with open_store(kind, tmp_path) as store:
+        assert store.get_most_recent("s") == "orders|0|39|"
+        store.note_start("s", {("orders", 0): 0})  # known partitions keep their place
+        assert store.get_most_recent("s") == "orders|0|39|"
+
+
+def test_logged_store_filters_what_was_discarded_out_of_order_before_a_restart(tmp_path):
+    """Seed 003: after a resubscribe, only messages not yet discarded are reprocessed."""
+    path = tmp_path / "bookmarks.log"
+    with LoggedBookmarkStore(path) as store:
+        deliver(store, range(8))
+        for offset in (0, 1, 3, 5, 6):
+            store.discard(record(offset), "s")
+    with LoggedBookmarkStore(path) as store:
+        assert store.get_most_recent("s") == "orders|0|1|"
+        assert deliver(store, range(2, 9)) == [True, False, True, False, False, True, True]
+        store.discard(record(2), "s")
+        assert store.get_most_recent("s") == "orders|0|3|"
+
+
+def test_logged_store_keeps_duplicate_detection_across_restarts(tmp_path):
+    """Seed 003 names LoggedBookmarkStore as keeping the latest sequence per publisher."""
+    path = tmp_path / "bookmarks.log"
+    with LoggedBookmarkStore(path) as store:
+        assert deliver(store, range(3)) == [True] * 3
+        for offset in range(3):
+            store.discard(record(offset), "s")
+    with LoggedBookmarkStore(path) as store:
+        assert not store.log(record(3, 1001), "s")  # a republished copy after a restart
+        assert store.log(record(4, 1003), "s")
+
+
+def test_logged_store_keeps_a_delivery_written_before_its_out_of_order_discard(tmp_path):
+    """Deliveries are written lazily; an out-of-order discard must write them first."""
+    path = tmp_path / "bookmarks.log"
+    with LoggedBookmarkStore(path) as store:
+        deliver(store, range(3))
+        store.discard(record(1), "s")
+        store.discard(record(0), "s")
+    with LoggedBookmarkStore(path) as store:
+        assert store.get_most_recent("s") == "orders|0|1|"
+        assert not store.log(record(3, 1001), "s")  # 1001 was seen, even though undiscarded
+
+
+def test_ring_store_keeps_only_the_recovery_point(tmp_path):
+    """Seed 003: the ring store "does not filter discarded messages after the resubscribe
+    point, thus potentially delivering duplicates" - and keeps no sequences."""
+    path = tmp_path / "bookmarks.ring"
+    with RingBookmarkStore(path) as store:
+        deliver(store, range(4))
+        for offset in (0, 2):
+            store.discard(record(offset), "s")
+    with RingBookmarkStore(path) as store:
+        assert store.get_most_recent("s") == "orders|0|0|"
+        assert deliver(store, range(1, 4)) == [True, True, True]  # 2 comes again
+
+
+def test_ring_store_survives_a_torn_write_of_one_cell(tmp_path):
+    path = tmp_path / "bookmarks.ring"
+    with RingBookmarkStore(path) as store:
+        deliver(store, range(3))
+        for offset in range(3):
+            store.discard(record(offset), "s")
+    data = bytearray(path.read_bytes())
+    slot = data.index(b'["s"')
+    newest_cell = slot - 8 + 512 - 32  # offset 2 went to cell 0 (three writes: 0, 1, 0)
+    data[newest_cell : newest_cell + 4] = b"\xff\xff\xff\xff"
+    path.write_bytes(bytes(data))
+    with RingBookmarkStore(path) as store:
+        assert store.get_most_recent("s") == "orders|0|1|"  # the other cell, one step back
+
+
+def test_logged_store_ignores_a_record_torn_by_a_crash(tmp_path):
+    path = tmp_path / "bookmarks.log"
+    with LoggedBookmarkStore(path) as store:
+        deliver(store, range(3))
+        store.discard(record(0), "s")
+    with path.open("ab") as out:
+        out.write(b"x 3 1 4 10")  # a kill in the middle of a record: no newline
+    with LoggedBookmarkStore(path) as store:
+        assert store.get_most_recent("s") == "orders|0|0|"
+
+
+def test_logged_store_is_compacted_on_open(tmp_path):
+    path = tmp_path / "bookmarks.log"
+    with LoggedBookmarkStore(path) as store:
+        deliver(store, range(2000))
+        for offset in range(1990):
+            store.discard(record(offset), "s")
+        store.discard(record(1995), "s")
+    grown = path.stat().st_size
+    with LoggedBookmarkStore(path) as store:
+        assert store.get_most_recent("s") == "orders|0|1989|"
+        assert store.is_discarded(record(1995), "s") and not store.is_discarded(record(1994), "s")
+    assert path.stat().st_size < grown / 20
+
+
+def test_a_file_of_another_kind_is_refused(tmp_path):
+    path = tmp_path / "not-a-store"
+    path.write_bytes(b"something else\n")
+    with pytest.raises(ValueError, match="not a LoggedBookmarkStore"):
+        LoggedBookmarkStore(path)
+    with pytest.raises(ValueError, match="header differs"):
+        RingBookmarkStore(path)
