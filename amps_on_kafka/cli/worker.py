@@ -64,6 +64,12 @@ def worker(config_file, state_dir, listen, group_id, bootstrap, log_level) -> No
 def _start_gateway(processor: Worker, servers: str, listen: str, max_frame_bytes: int):
     from amps_on_kafka.server import Gateway
 
-    gateway = Gateway(processor.engine, servers, listen=listen, max_frame_bytes=max_frame_bytes)
+    gateway = Gateway(
+        processor.engine,
+        servers,
+        listen=listen,
+        max_frame_bytes=max_frame_bytes,
+        queues=processor.queues,
+    )
     gateway.address = gateway.start()
     return gateway

@@ -124,6 +124,12 @@ class Worker:
     def run(self) -> None:
         if self.queues is not None:
             self.queues.start()
+        if not self.rules:  # a queues-only worker: no SOW topic to consume
+            self.engine.ready.set()
+            self._stop.wait()
+            if self.queues is not None:
+                self.queues.stop()
+            return
         consumer = self._consumer()
         try:
             consumer.subscribe(

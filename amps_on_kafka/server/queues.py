@@ -31,7 +31,7 @@ from amps_on_kafka.processor.engine import QueryResult
 from amps_on_kafka.processor.queues import QueueEngine, QueueMessage, QueueSubscription
 from amps_on_kafka.server.frames import encode_frame
 from amps_on_kafka.server.queries import DEFAULT_BATCH, Query, send_snapshot
-from amps_on_kafka.server.replies import _wire, ack
+from amps_on_kafka.server.replies import ack, wire_payload
 from amps_on_kafka.server.requests import (
     MAX_BATCH,
     ProtocolError,
@@ -130,7 +130,9 @@ class QueueSubscriber:
         }
         if message.lease_ms is not None:
             header["lp"] = message.lease_ms
-        self._service.post(self.session, header, _wire(message.codec, message.payload, message))
+        self._service.post(
+            self.session, header, wire_payload(message.codec, message.payload, message)
+        )
 
     def close(self) -> None:
         if not self.closed:

@@ -100,14 +100,14 @@ def log_delivery(sub_id: str, message: LogMessage) -> dict[str, Any]:
 
 
 def record_payload(record: SowRecord) -> bytes:
-    return _wire(record.codec, record.payload, record)
+    return wire_payload(record.codec, record.payload, record)
 
 
 def log_payload(message: LogMessage) -> bytes:
-    return _wire(message.codec, message.raw or b"", message)
+    return wire_payload(message.codec, message.raw or b"", message)
 
 
-def _wire(codec: Codec | None, raw: bytes, holder: SowRecord | LogMessage) -> bytes:
+def wire_payload(codec: Codec | None, raw: bytes, holder: SowRecord | LogMessage) -> bytes:
     if codec is None or codec.message_type != "avro":
         return raw
     return orjson.dumps(holder.data)
