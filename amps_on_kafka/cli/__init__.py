@@ -6,6 +6,7 @@ import click
 
 from amps_on_kafka.cli.bookmark import bookmark
 from amps_on_kafka.cli.broker import broker
+from amps_on_kafka.cli.log import log
 from amps_on_kafka.cli.publish import publish
 from amps_on_kafka.cli.replay import replay
 from amps_on_kafka.cli.sow import sow, subscribe
@@ -20,5 +21,5 @@ def main() -> None:
     """AMPS-style messaging semantics on Apache Kafka."""
 
 
-for command in (broker, topics, publish, replay, bookmark, worker, sow, subscribe, spark):
+for command in (broker, topics, publish, replay, bookmark, log, worker, sow, subscribe, spark):
     main.add_command(command)

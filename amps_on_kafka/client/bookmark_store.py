@@ -163,6 +163,10 @@ class SubscriptionBookmarks:
             self._last = (topic, partition, part)
         return part
 
+    def forget_partitions(self) -> None:
+        """After a purge: the partition kept at hand may be gone."""
+        self._last = None
+
     def log(self, message: Any) -> bool:
         """Record a delivered message; False when it must not reach the application:
         already delivered, discarded before a restart, or a duplicate."""
@@ -269,6 +273,8 @@ class BookmarkStore:
             for name, parts in self._subs.items():
                 if sub_id is None or name == sub_id:
                     parts.clear()
+            for handle in self._handles.values():
+                handle.forget_partitions()
             self._purged(sub_id)
 
     def note_start(self, sub_id: str, starts: Mapping[TP, int]) -> None:

@@ -104,6 +104,7 @@ class BookmarkSubscription:
         feed: _Feed,
         store: BookmarkStore | None,
         *,
+        predicate: Callable[[Any], bool] | None,
         until: str | None,
         timeout: float | None,
     ) -> None:
@@ -118,7 +119,7 @@ class BookmarkSubscription:
         self.shared_with: tuple[str, ...] = ()  # sub_ids fed by the same replay as this one
         self._owner = owner
         self._transport = transport
-        self._predicate = compile_filter(filter).matches if filter else None
+        self._predicate = predicate  # for a replay shared on resume, which has no filter
         self._closed = False
         self._completed = False
         self._fresh = True  # nothing read yet: it stands where it started
@@ -219,6 +220,7 @@ class BookmarkSubscriptions:
                 parsed,
                 feed,
                 self.store,
+                predicate=predicate,
                 until=until,
                 timeout=timeout,
             )

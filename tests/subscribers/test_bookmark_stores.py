@@ -127,6 +127,13 @@ def test_purge_forgets_one_subscription_or_all(store):
     assert store.get_most_recent("b") == EPOCH
 
 
+def test_a_subscription_purged_while_open_starts_afresh(store):
+    handle = store.subscription("s")
+    assert [handle.log(record(o, 1000 + o)) for o in range(2)] == [True, True]
+    store.purge("s")
+    assert [handle.log(record(o, 1000 + o)) for o in range(2)] == [True, True]
+
+
 @pytest.mark.parametrize("kind", FILED)
 def test_purge_is_kept_by_the_file(kind, tmp_path):
     with open_store(kind, tmp_path) as store:
