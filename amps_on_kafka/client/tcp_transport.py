@@ -154,8 +154,10 @@ class TcpTransport:
         *,
         sow_key: str | None = None,
         correlation_id: str | None = None,
+        sequence: int | None = None,
     ) -> int:
-        sequence = self._reserve(1)
+        """`sequence` republishes under the original number (a publish store's replay)."""
+        sequence = self._reserve(1) if sequence is None else sequence
         header = {"c": command.value, "t": topic, "s": sequence}
         _set(header, e=expiration, k=sow_key, x=correlation_id)
         self._send(header, _payload(data))
@@ -171,12 +173,14 @@ class TcpTransport:
         data: Any = None,
         correlation_id: str | None = None,
         timeout: float | None = COMMAND_TIMEOUT,
+        sequence: int | None = None,
     ) -> Message:
         """Waits for the worker: the processed ack's `matches` is the number deleted."""
         key_list = [str(k) for k in keys] if keys is not None else None
         records = len(key_list) if key_list is not None else MAX_PARTITIONS if data is None else 1
         header: dict[str, Any] = {"c": "sow_delete", "t": topic, "a": "processed"}
-        header["s"] = self._reserve(records)  # the gateway numbers each record it writes
+        # The gateway numbers each record it writes from this one.
+        header["s"] = self._reserve(records) if sequence is None else sequence
         _set(header, f=filter, x=correlation_id, k=key_list)
         payload = _payload(data) if data is not None else b""
         reply = self._command(header, payload, timeout=timeout)

@@ -154,3 +154,18 @@ def test_execute_runs_commands_by_name(served, client_to):
     assert deleted.matches == 1
     with pytest.raises(ValueError, match="unknown command 'teleport'"):
         Command("teleport")
+
+
+def test_a_republish_keeps_its_original_sequence_over_tcp(
+    bare_gateway, client_to, bootstrap, topic_factory
+):
+    """What a publish store replays after a crash must carry the number it first had."""
+    topic = topic_factory(1, key=("/id",))
+    client = client_to(bare_gateway.address)
+    assert client.publish(topic, {"id": 1}, sequence=424242) == 424242
+    client.publish_flush(WAIT)
+    with Client("reader") as direct:
+        direct.connect(f"kafka://{bootstrap}")
+        with direct.bookmark_subscribe(topic, "0", timeout=WAIT) as stream:
+            (message,) = list(itertools.takewhile(lambda m: m is not COMPLETED, stream))
+    assert (message.publisher_id, message.sequence) == (client.name, 424242)
