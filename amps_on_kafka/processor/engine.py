@@ -40,6 +40,7 @@ class SowEngine:
         self.clock = clock
         self.lock = threading.RLock()
         self.ready = threading.Event()  # set once startup expiry of the first assignment ran
+        self.assignment_changed = threading.Event()  # set at every attach and detach
         self._stores: dict[tuple[str, int], PartitionStore] = {}
         self._listeners: list[Listener] = []
 
@@ -62,10 +63,13 @@ class SowEngine:
     def attach(self, store: PartitionStore) -> None:
         with self.lock:
             self._stores[(store.topic, store.partition)] = store
+        self.assignment_changed.set()
 
     def detach(self, topic: str, partition: int) -> PartitionStore | None:
         with self.lock:
-            return self._stores.pop((topic, partition), None)
+            store = self._stores.pop((topic, partition), None)
+        self.assignment_changed.set()
+        return store
 
     def store(self, topic: str, partition: int) -> PartitionStore | None:
         return self._stores.get((topic, partition))

@@ -36,9 +36,10 @@ def log_end(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
 
 
 def wait_caught_up(
-    worker: Worker, bootstrap: str, topic: str, partitions: int, timeout=60.0
+    worker: Worker, bootstrap: str, topic: str, partitions: int, timeout=60.0, owned_only=False
 ) -> None:
-    """Until the worker's stores hold the effect of every record now in the log."""
+    """Until the worker's stores hold the effect of every record now in the log (of the
+    partitions it owns, with owned_only)."""
     end = log_end(bootstrap, topic, partitions)
     progressed = threading.Event()
     worker.engine.add_listener(lambda _: progressed.set())  # each batch written wakes us
@@ -46,7 +47,8 @@ def wait_caught_up(
     while True:
         progressed.clear()
         stored = worker.next_offsets(topic)
-        if all((stored.get(p) or 0) >= offset for p, offset in end.items()):
+        wanted = {p: o for p, o in end.items() if p in stored or not owned_only}
+        if all((stored.get(p) or 0) >= offset for p, offset in wanted.items()):
             return
         worker.raise_if_failed()
         assert time.monotonic() < deadline, f"worker at {stored}, log end {end}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import orjson
 from confluent_kafka import Producer
 
@@ -137,3 +139,27 @@ def test_the_worker_state_equals_a_replay_from_epoch(bootstrap, sow_topic, publi
     wait_caught_up(worker, bootstrap, sow_topic, 2)
     got = {r.sow_key: (r.data, r.offset) for r in worker.engine.query(sow_topic).records}
     assert got == reference_sow(bootstrap, worker, sow_topic)
+
+
+def test_a_second_worker_in_the_group_takes_half_the_partitions(
+    bootstrap, sow_topic, publisher, start_worker, tmp_path
+):
+    for i in range(40):
+        publisher.publish(sow_topic, {"id": i})
+    publisher.publish_flush(10)
+    config = sow_config(sow_topic)
+    first = start_worker(config, tmp_path / "a", group="g-split")
+    wait_caught_up(first, bootstrap, sow_topic, 2)
+    assert first.engine.partitions(sow_topic) == [0, 1]
+    second = start_worker(config, tmp_path / "b", group="g-split")
+    deadline = time.monotonic() + 60
+    while True:  # the group rebalances: each worker ends with one partition
+        first.engine.assignment_changed.clear()
+        owned = first.engine.partitions(sow_topic), second.engine.partitions(sow_topic)
+        if len(owned[0]) == 1 and len(owned[1]) == 1:
+            break
+        assert time.monotonic() < deadline, owned
+        first.engine.assignment_changed.wait(1.0)
+    wait_caught_up(second, bootstrap, sow_topic, 2, owned_only=True)
+    both = sow_of(first, sow_topic) | sow_of(second, sow_topic)
+    assert len(sow_of(first, sow_topic)) < 40 and len(both) == 40
