@@ -154,3 +154,10 @@ _PARSERS = {
     H_FILTER: _text("filter"),
     H_SOW_KEYS: _sow_keys,
 }
+
+
+def dead_letter_headers(
+    headers: list[tuple[str, bytes]] | None, reason: str, bookmark: str
+) -> list[tuple[str, bytes]]:
+    """A dead letter keeps its envelope and says why it was refused and where it came from."""
+    return [*(headers or []), ("reason", reason.encode()), ("source", bookmark.encode())]

@@ -51,7 +51,7 @@ from amps_on_kafka.errors import (
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.bookmarks import Position, parse_bookmark, watermarks
 from amps_on_kafka.log.codecs import Codec
-from amps_on_kafka.log.envelope import H_COMMAND, H_EXPIRATION, Command
+from amps_on_kafka.log.envelope import H_COMMAND, H_EXPIRATION, Command, dead_letter_headers
 from amps_on_kafka.log.kafka import (
     METADATA_TIMEOUT,
     admin_client,
@@ -649,11 +649,7 @@ class QueueRuntime:
         target = self.config.dead_letter_topic
         if target is None:
             return
-        headers = [
-            *(entry.headers or []),
-            ("reason", b"expired"),
-            ("source", entry.bookmark.encode()),
-        ]
+        headers = dead_letter_headers(entry.headers, "expired", entry.bookmark)
         self.engine.producer.produce(target, entry.payload, headers=headers)
 
     def _reported(

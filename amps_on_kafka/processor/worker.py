@@ -29,6 +29,7 @@ from confluent_kafka import (
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
+from amps_on_kafka.log.envelope import dead_letter_headers
 from amps_on_kafka.log.kafka import consume_available, log_producer
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.topics import spec_from_config
@@ -249,11 +250,7 @@ class Worker:
             return
         if self._dead_letters is None:
             self._dead_letters = log_producer(self.bootstrap)
-        headers = [
-            *(message.headers or []),
-            ("reason", reason.encode()),
-            ("source", bookmark.encode()),
-        ]
+        headers = dead_letter_headers(message.headers, reason, bookmark)
         self._dead_letters.produce(target, message.raw, headers=headers)
         self._dead_letters.poll(0)
 
