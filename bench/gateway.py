@@ -19,17 +19,18 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from amps_on_kafka.client import Client
+from amps_on_kafka.log.kafka import end_offsets
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.server.gateway import Gateway
 from bench.common import Result, bootstrap, documents, encoded_size, new_topic, report
 from bench.log import raw_consume
-from bench.sow import fill, log_ends, run_until_caught_up, sow_config
+from bench.sow import fill, run_until_caught_up, sow_config
 
 
 def serve(servers: str, topic: str, state: str) -> tuple[Worker, Gateway]:
     """A worker caught up with the topic's log, and its gateway on a free port."""
     worker = Worker(sow_config(topic, 1), servers, state, group_id=f"bench-{topic}")
-    run_until_caught_up(worker, topic, log_ends(servers, topic, 1))
+    run_until_caught_up(worker, topic, end_offsets(servers, topic))
     gateway = Gateway(worker.engine, servers, listen="127.0.0.1:0")
     gateway.start()
     return worker, gateway

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from amps_on_kafka.config import Config
+from amps_on_kafka.log.kafka import end_offsets
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.processor.worker import Worker
 from bench.common import Result, bootstrap, documents, new_topic, report
@@ -45,33 +46,11 @@ def sow_config(topic: str, partitions: int, expiration: str = "disabled") -> Con
 
 def run_until_caught_up(worker: Worker, topic: str, ends: dict[int, int]) -> float:
     """Seconds from start to every partition's stored offset at the log end."""
-    progressed = threading.Event()
-    worker.engine.add_listener(lambda _: progressed.set())
     start = time.perf_counter()
     worker.start()
     worker.wait_ready(120)
-    while True:
-        progressed.clear()
-        stored = worker.next_offsets(topic)
-        if all((stored.get(p) or 0) >= end for p, end in ends.items()):
-            return time.perf_counter() - start
-        worker.raise_if_failed()
-        progressed.wait(1.0)
-
-
-def log_ends(servers: str, topic: str, partitions: int) -> dict[int, int]:
-    from confluent_kafka import TopicPartition
-
-    from amps_on_kafka.log.kafka import reader
-
-    consumer = reader(servers)
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
+    worker.wait_caught_up(topic, ends, timeout=1800)
+    return time.perf_counter() - start
 
 
 def quix_rate(servers: str, topic: str, count: int) -> Result | None:
@@ -110,7 +89,7 @@ def bench_apply(servers: str, messages: int, keys: int, quix: bool) -> None:
     peer = raw_consume(servers, topic, partitions, messages)
     with tempfile.TemporaryDirectory() as state:
         worker = Worker(sow_config(topic, partitions), servers, state, group_id=f"bench-{topic}")
-        seconds = run_until_caught_up(worker, topic, log_ends(servers, topic, partitions))
+        seconds = run_until_caught_up(worker, topic, end_offsets(servers, topic))
         count = sum(s.count() for s in worker.engine.stores())
         worker.stop()
     ours = Result("worker", seconds, messages)
@@ -126,7 +105,7 @@ def bench_restart(servers: str, messages: int, keys: int) -> None:
     partitions = 1
     topic = new_topic(servers, "restart", partitions, key=("/id",))
     fill(servers, topic, documents(messages, keys))
-    ends = log_ends(servers, topic, partitions)
+    ends = end_offsets(servers, topic)
     with tempfile.TemporaryDirectory() as state:
         config = sow_config(topic, partitions)
         first = Worker(config, servers, state, group_id=f"bench-{topic}-a")

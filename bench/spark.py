@@ -15,6 +15,7 @@ import argparse
 import tempfile
 import time
 
+from amps_on_kafka.log.kafka import end_offsets
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.spark.plan import plan_as_of
 from amps_on_kafka.spark.rebuild import rebuild_stores
@@ -22,13 +23,13 @@ from amps_on_kafka.spark.session import spark_session
 from amps_on_kafka.spark.sow import job_from_config
 from bench.common import Result, bootstrap, documents, new_topic, report
 from bench.log import raw_consume
-from bench.sow import fill, log_ends, run_until_caught_up, sow_config
+from bench.sow import fill, run_until_caught_up, sow_config
 
 
 def worker_rebuild(servers: str, topic: str, partitions: int, messages: int) -> tuple[Result, int]:
     with tempfile.TemporaryDirectory() as state:
         worker = Worker(sow_config(topic, partitions), servers, state, group_id=f"bench-{topic}")
-        seconds = run_until_caught_up(worker, topic, log_ends(servers, topic, partitions))
+        seconds = run_until_caught_up(worker, topic, end_offsets(servers, topic))
         count = sum(s.count() for s in worker.engine.stores())
         worker.stop()
     return Result("worker", seconds, messages), count

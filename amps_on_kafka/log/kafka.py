@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from amps_on_kafka.errors import TransportError, UnknownTopic
@@ -101,3 +101,17 @@ def consume_available(consumer: Consumer, max_messages: int, timeout: float) -> 
     if records:
         records.extend(consumer.consume(max_messages - 1, timeout=0))
     return records
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """The offset after the last record of each partition: where a reader is caught up."""
+    consumer = reader(bootstrap)
+    try:
+        return {
+            p: consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=METADATA_TIMEOUT, cached=False
+            )[1]
+            for p in partitions_of(consumer, topic)
+        }
+    finally:
+        consumer.close()

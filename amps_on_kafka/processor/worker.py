@@ -105,6 +105,32 @@ class Worker:
                 p: self.engine.store(topic, p).next_offset() for p in self.engine.partitions(topic)
             }  # type: ignore[union-attr]
 
+    def wait_caught_up(
+        self, topic: str, ends: dict[int, int], timeout: float = 60.0, owned_only: bool = False
+    ) -> None:
+        """Block until the stores hold every record before `ends` (per partition; with
+        owned_only, of the partitions this worker owns). Each batch written wakes it."""
+        progressed = threading.Event()
+
+        def listener(_: BatchApplied) -> None:
+            progressed.set()
+
+        self.engine.add_listener(listener)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                progressed.clear()
+                stored = self.next_offsets(topic)
+                wanted = {p: o for p, o in ends.items() if p in stored or not owned_only}
+                if all((stored.get(p) or 0) >= offset for p, offset in wanted.items()):
+                    return
+                self.raise_if_failed()
+                if time.monotonic() > deadline:
+                    raise TransportError(f"worker at {stored}, log end {ends} after {timeout}s")
+                progressed.wait(0.5)
+        finally:
+            self.engine.remove_listener(listener)
+
     def raise_if_failed(self) -> None:
         if self._failure is not None:
             raise TransportError(f"worker failed: {self._failure}") from self._failure

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config
-from amps_on_kafka.log.kafka import reader
+from amps_on_kafka.log.kafka import end_offsets
 from amps_on_kafka.processor.worker import Worker
 
 
@@ -24,35 +21,13 @@ def sow_config(topic: str, partitions: int = 2, **sow) -> Config:
     )
 
 
-def log_end(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = reader(bootstrap)
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
-
-
 def wait_caught_up(
     worker: Worker, bootstrap: str, topic: str, partitions: int, timeout=60.0, owned_only=False
 ) -> None:
-    """Until the worker's stores hold the effect of every record now in the log (of the
-    partitions it owns, with owned_only)."""
-    end = log_end(bootstrap, topic, partitions)
-    progressed = threading.Event()
-    worker.engine.add_listener(lambda _: progressed.set())  # each batch written wakes us
-    deadline = time.monotonic() + timeout
-    while True:
-        progressed.clear()
-        stored = worker.next_offsets(topic)
-        wanted = {p: o for p, o in end.items() if p in stored or not owned_only}
-        if all((stored.get(p) or 0) >= offset for p, offset in wanted.items()):
-            return
-        worker.raise_if_failed()
-        assert time.monotonic() < deadline, f"worker at {stored}, log end {end}"
-        progressed.wait(0.5)
+    """Until the worker's stores hold every record now in the log (see Worker.wait_caught_up)."""
+    ends = end_offsets(bootstrap, topic)
+    assert len(ends) == partitions
+    worker.wait_caught_up(topic, ends, timeout, owned_only)
 
 
 @pytest.fixture

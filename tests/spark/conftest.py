@@ -21,10 +21,11 @@ from confluent_kafka import Producer
 from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config, load_config
 from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.log.kafka import end_offsets
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.worker import Worker, now_ms
 from tests.conftest import create_topic, delete_topics
-from tests.sow.conftest import log_end, wait_caught_up
+from tests.sow.conftest import wait_caught_up
 
 PARTITIONS = 2
 SHORT = 0.05  # seconds: an expiration that has certainly passed before the phase ends
@@ -124,7 +125,7 @@ def history(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def _point(worker: Worker, bootstrap: str, topic: str) -> Point:
     """Where the worker stands once caught up; the time is the next whole second."""
     wait_caught_up(worker, bootstrap, topic, PARTITIONS)
-    end = log_end(bootstrap, topic, PARTITIONS)
+    end = end_offsets(bootstrap, topic)
     bookmark = ",".join(f"{topic}|{p}|{o - 1}|" for p, o in end.items() if o > 0)
     point = Point(bookmark, "", end, snapshot(worker, topic), snapshot(worker, topic, FILTER))
     second = (now_ms() // 1000 + 1) * 1000
