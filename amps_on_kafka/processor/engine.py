@@ -10,6 +10,7 @@ duplicate.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ class SowEngine:
         self.assignment_changed = threading.Event()  # set at every attach and detach
         self._stores: dict[tuple[str, int], PartitionStore] = {}
         self._listeners: list[Listener] = []
+        self._previous_wanted: Counter[str] = Counter()
 
     # -- topics -----------------------------------------------------------------
     def sow_config(self, topic: str) -> SowConfig:
@@ -71,6 +73,14 @@ class SowEngine:
         self.assignment_changed.set()
         return store
 
+    def wants_previous(self, topic: str) -> bool:
+        """Whether a listener needs each upsert's old record (an oof subscription does).
+
+        Without one, a publish to a topic without expiration replaces its record unread.
+        The worker asks before a batch and again under the lock before notifying.
+        """
+        return self._previous_wanted[topic] > 0
+
     def store(self, topic: str, partition: int) -> PartitionStore | None:
         return self._stores.get((topic, partition))
 
@@ -87,6 +97,14 @@ class SowEngine:
     def add_listener(self, listener: Listener) -> None:
         with self.lock:
             self._listeners.append(listener)
+
+    def want_previous(self, topic: str) -> None:
+        with self.lock:
+            self._previous_wanted[topic] += 1
+
+    def release_previous(self, topic: str) -> None:
+        with self.lock:
+            self._previous_wanted[topic] -= 1
 
     def remove_listener(self, listener: Listener) -> None:
         with self.lock:

@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,14 +28,15 @@ from confluent_kafka import (
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
-from amps_on_kafka.log.envelope import dead_letter_headers
-from amps_on_kafka.log.kafka import consume_available, log_producer
+from amps_on_kafka.log.envelope import Command, dead_letter_headers
+from amps_on_kafka.log.kafka import FETCH_BYTES_PER_PARTITION, consume_available, log_producer
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.topics import spec_from_config
+from amps_on_kafka.processor.collections import collections_paused
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.state.events import BatchApplied, CommandResult
-from amps_on_kafka.state.sow import Applied, SowRules
+from amps_on_kafka.state.sow import Applied, SowRules, fill_previous
 from amps_on_kafka.state.store import PartitionStore, StateBatch, store_path
 
 log = logging.getLogger(__name__)
@@ -167,9 +167,10 @@ class Worker:
             )
             while not self._stop.is_set():
                 records = consume_available(consumer, BATCH_SIZE, self._wait_time())
-                if records:
-                    self._apply(records)
-                self._expire_due()
+                with collections_paused():
+                    if records:
+                        self._apply(records)
+                    self._expire_due()
         finally:
             consumer.close()  # revokes, which closes every store
             if self._dead_letters is not None:
@@ -188,6 +189,7 @@ class Worker:
                 "partition.assignment.strategy": "cooperative-sticky",
                 "fetch.wait.max.ms": 50,
                 "queued.min.messages": 100_000,
+                "max.partition.fetch.bytes": FETCH_BYTES_PER_PARTITION,
             }
         )
 
@@ -224,36 +226,47 @@ class Worker:
 
     # -- applying the log -------------------------------------------------------------
     def _apply(self, records: list[Message]) -> None:
-        by_partition: dict[tuple[str, int], list[Message]] = defaultdict(list)
+        by_partition: dict[tuple[str, int], list[LogMessage]] = {}
+        codecs = {topic: rules.codec for topic, rules in self.rules.items()}
         for record in records:
             if record.error():
                 self._consumer_error(record.error())
                 continue
-            by_partition[(record.topic(), record.partition())].append(record)
-        for (topic, partition), batch in by_partition.items():
+            topic, partition = record.topic(), record.partition()
+            batch = by_partition.get((topic, partition))
+            if batch is None:
+                batch = by_partition[(topic, partition)] = []
+            batch.append(
+                LogMessage(
+                    topic,
+                    partition,
+                    record.offset(),
+                    record.timestamp()[1],
+                    record.value(),
+                    record.headers(),
+                    codecs[topic],
+                )
+            )
+        for (topic, partition), messages in by_partition.items():
             store = self.engine.store(topic, partition)
             if store is not None:
-                self._apply_partition(store, self.rules[topic], batch)
+                self._apply_partition(store, self.rules[topic], messages)
 
     def _apply_partition(
-        self, store: PartitionStore, rules: SowRules, records: list[Message]
+        self, store: PartitionStore, rules: SowRules, messages: list[LogMessage]
     ) -> None:
-        topic, partition, codec = store.topic, store.partition, rules.codec
-        messages = [
-            LogMessage(
-                topic, partition, r.offset(), r.timestamp()[1], r.value(), r.headers(), codec
-            )
-            for r in records
-        ]
+        previous = rules.expiring or self.engine.wants_previous(store.topic)
         state = StateBatch(store)
-        state.prefetch(_keys_of(rules, messages))
-        applied = Applied()
+        state.prefetch(_keys_to_read(rules, messages, previous))
+        applied = Applied(previous=previous)
         for message in messages:
             rules.apply(state, message, applied)
         state.next_offset = messages[-1].offset + 1
         self.applied += len(messages)
         self._report_rejections(applied.results, messages)  # dead letters durable first
         with self.engine.lock:
+            if not previous and self.engine.wants_previous(store.topic):
+                fill_previous(applied.changes, store.get)  # an oof subscriber came meanwhile
             store.write(state)
             self.engine.notify(BatchApplied(applied.changes, applied.results))
 
@@ -303,26 +316,29 @@ class Worker:
         if not rules.expiring:
             return
         now = self.clock()
-        keys = store.due(now)
-        if not keys:
+        due = store.due(now)
+        if not due:
             return
+        keys = [store.key_of_entry(entry) for entry in due]
         state = StateBatch(store)
         state.prefetch(keys)
+        state.swept = due
         changes = [c for c in (rules.expire(state, key, now) for key in keys) if c is not None]
         with self.engine.lock:
             store.write(state)
             self.engine.notify(BatchApplied(changes, []))
 
 
-def _keys_of(rules: SowRules, messages: list[LogMessage]) -> list[str]:
-    """The keys a batch will touch, for one multi-get; undecodable records are left out."""
+def _keys_to_read(rules: SowRules, messages: list[LogMessage], previous: bool) -> list[str]:
+    """The keys a batch will read, for one multi-get: without `previous`, only those of
+    delta_publishes and deletes. Undecodable records are left out."""
     keys = []
     for message in messages:
         try:
             envelope = message.envelope
             if envelope.sow_keys is not None:
                 keys.extend(envelope.sow_keys)
-            elif envelope.filter is None:
+            elif envelope.filter is None and (previous or envelope.command is not Command.PUBLISH):
                 keys.append(rules.key_of(message, envelope))
         except Exception:
             continue

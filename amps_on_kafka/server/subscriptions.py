@@ -65,6 +65,20 @@ class SowSubscription:
         self.oof = oof
         self.closed = False
         self.buffer: list[tuple[int, list[Change]]] | None = None
+        self.first = 0  # batches numbered below this one came before the subscription
+        if oof:
+            self._want_previous()
+
+    def _want_previous(self) -> None:
+        """oof needs each upsert's old record, which the worker reads only when asked.
+
+        Batches numbered before the request may have been applied without it; they were
+        durable before this subscription existed, so it skips them.
+        """
+        fanout = self.session.gateway.fanout
+        with fanout.engine.lock:
+            fanout.engine.want_previous(self.topic)
+            self.first = fanout.batches + 1
 
     def hold(self) -> None:
         """Buffer changes until go_live (sow_and_subscribe sends its snapshot meanwhile)."""
@@ -78,6 +92,8 @@ class SowSubscription:
                 self.deliver(changes)
 
     def on_changes(self, number: int, changes: list[Change]) -> None:
+        if number < self.first:
+            return
         if self.buffer is not None:
             self.buffer.append((number, changes))
         elif not self.closed:
@@ -113,8 +129,13 @@ class SowSubscription:
             return False
 
     def close(self) -> None:
+        if self.closed:
+            return
         self.closed = True
-        self.session.gateway.fanout.remove(self)
+        fanout = self.session.gateway.fanout
+        fanout.remove(self)
+        if self.oof:
+            fanout.engine.release_previous(self.topic)
 
 
 class LogSubscription:

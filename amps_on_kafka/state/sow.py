@@ -7,7 +7,7 @@ same functions to compute the SOW as of a past bookmark.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
@@ -54,8 +54,12 @@ class DictState:
 
 @dataclass
 class Applied:
+    """What a batch did. With `previous` False a publish replaces its record unread, so
+    its change carries no old record: the worker's fast path when nobody needs one."""
+
     changes: list[Change] = field(default_factory=list)
     results: list[CommandResult] = field(default_factory=list)
+    previous: bool = True
 
 
 class SowRules:
@@ -120,9 +124,13 @@ class SowRules:
     def _upsert(self, state: State, message: LogMessage, envelope: Envelope, out: Applied) -> None:
         data = message.data
         key = self.key_of(message, envelope)
-        existing = self._live(state, key, message.timestamp, out)
+        delta = envelope.command is Command.DELTA_PUBLISH
+        if out.previous or delta or self.expiring:
+            existing = self._live(state, key, message.timestamp, out)
+        else:
+            existing = None
         payload = message.raw or b""
-        if envelope.command is Command.DELTA_PUBLISH and existing is not None:
+        if delta and existing is not None:
             payload = self._merge(existing, data)
         record = SowRecord(
             self.topic,
@@ -177,6 +185,17 @@ class SowRules:
         else:
             keys = (self.key_of(message, envelope),)
         return [r for r in (self._live(state, k, at, out) for k in keys) if r is not None]
+
+
+def fill_previous(changes: list[Change], stored: Callable[[str], SowRecord | None]) -> None:
+    """Give each upsert of a batch applied without `previous` its old record: the batch's
+    own earlier change to that key, else what the store held before the batch."""
+    latest: dict[str, SowRecord | None] = {}
+    for change in changes:
+        key = change.sow_key
+        if change.kind is ChangeKind.UPSERT:
+            change.old = latest[key] if key in latest else stored(key)
+        latest[key] = change.new
 
 
 @lru_cache(maxsize=256)

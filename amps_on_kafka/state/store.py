@@ -21,6 +21,7 @@ from amps_on_kafka.state.record import NEVER, SowRecord
 
 COLUMN_FAMILIES = ("sow", "expiry", "meta")
 _OFFSET_KEY = b"next_offset"
+_UNREAD = object()
 _DEADLINE = struct.Struct(">q")
 
 
@@ -39,42 +40,42 @@ def store_path(state_dir: Path, topic: str, partition: int) -> Path:
 class StateBatch:
     """The state changes of one batch of log records, read-your-writes, written at once.
 
-    Each touched key remembers the record stored before the batch (its expiry entry must
-    go) and the record after it (None when deleted).
+    `records` holds each touched key's record after the batch (None when deleted);
+    `stored` holds the record before the batch, for the keys that were read. A key may
+    be written blind (a publish needs no old record when nobody asks for it): its old
+    expiry entry is then left behind, and the sweep, which checks every due entry
+    against the record, removes it (see `due`).
     """
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
-        self.entries: dict[str, tuple[SowRecord | None, SowRecord | None]] = {}
+        self.records: dict[str, SowRecord | None] = {}
+        self.stored: dict[str, SowRecord | None] = {}
+        self.swept: list[bytes] = []  # due expiry entries, all removed by write()
         self.next_offset: int | None = None
 
     def prefetch(self, sow_keys: Iterable[str]) -> None:
         """Read every key a batch will touch in one multi-get instead of one get each."""
-        wanted = [k for k in dict.fromkeys(sow_keys) if k not in self.entries]
+        wanted = [k for k in dict.fromkeys(sow_keys) if k not in self.records]
         found = {r.sow_key: r for r in self.store.get_many(wanted)}
         for key in wanted:
-            record = found.get(key)
-            self.entries[key] = (record, record)
+            self.stored[key] = self.records[key] = found.get(key)
 
     def get(self, sow_key: str) -> SowRecord | None:
-        entry = self.entries.get(sow_key)
-        if entry is None:
-            record = self.store.get(sow_key)
-            self.entries[sow_key] = (record, record)
-            return record
-        return entry[1]
+        record = self.records.get(sow_key, _UNREAD)
+        if record is _UNREAD:
+            record = self.stored[sow_key] = self.records[sow_key] = self.store.get(sow_key)
+        return record  # type: ignore[return-value]
 
     def set(self, sow_key: str, record: SowRecord | None) -> None:
-        entry = self.entries.get(sow_key)
-        original = entry[0] if entry is not None else self.store.get(sow_key)
-        self.entries[sow_key] = (original, record)
+        self.records[sow_key] = record
 
     def current(self) -> Iterator[SowRecord]:
         """Every live record as of this point in the batch (for deletes by filter)."""
         for record in self.store.scan():
-            if record.sow_key not in self.entries:
+            if record.sow_key not in self.records:
                 yield record
-        for _, record in list(self.entries.values()):
+        for record in list(self.records.values()):
             if record is not None:
                 yield record
 
@@ -128,15 +129,22 @@ class PartitionStore:
     def count(self) -> int:
         return sum(1 for _ in self._sow.keys())  # noqa: SIM118 - an Rdict is not a dict
 
-    def due(self, now_ms: int, limit: int = 10_000) -> list[str]:
-        """Keys whose deadline is at or before now, earliest first."""
-        keys = []
+    def due(self, now_ms: int, limit: int = 10_000) -> list[bytes]:
+        """Expiry entries whose deadline is at or before now, earliest first.
+
+        An entry is either its record's deadline, so the record expires now, or left
+        over from a record replaced blind; either way the sweep removes it.
+        """
+        entries = []
         for entry in self._expiry.keys():  # noqa: SIM118 - an Rdict is not a dict
-            deadline = _DEADLINE.unpack_from(entry)[0]
-            if deadline > now_ms or len(keys) >= limit:
+            if _DEADLINE.unpack_from(entry)[0] > now_ms or len(entries) >= limit:
                 break
-            keys.append(entry[_DEADLINE.size :].decode())
-        return keys
+            entries.append(entry)
+        return entries
+
+    @staticmethod
+    def key_of_entry(entry: bytes) -> str:
+        return entry[_DEADLINE.size :].decode()
 
     def next_deadline(self) -> int | None:
         for entry in self._expiry.keys():  # noqa: SIM118 - an Rdict is not a dict
@@ -151,11 +159,13 @@ class PartitionStore:
         """Apply a batch and its offset atomically (one WriteBatch)."""
         sow, expiry, meta = self._handles["sow"], self._handles["expiry"], self._handles["meta"]
         writes = WriteBatch(raw_mode=True)
-        for key, (before, after) in batch.entries.items():
+        stored = batch.stored
+        for key, after in batch.records.items():
+            before = stored.get(key, _UNREAD)
             if before is after:
                 continue  # read, never changed
             raw_key = key.encode()
-            if before is not None and before.deadline != NEVER:
+            if before is not _UNREAD and before is not None and before.deadline != NEVER:
                 writes.delete(_expiry_key(before.deadline, raw_key), expiry)
             if after is None:
                 writes.delete(raw_key, sow)
@@ -163,6 +173,8 @@ class PartitionStore:
             writes.put(raw_key, after.encode(), sow)
             if after.deadline != NEVER:
                 writes.put(_expiry_key(after.deadline, raw_key), b"", expiry)
+        for entry in batch.swept:
+            writes.delete(entry, expiry)
         if batch.next_offset is not None:
             writes.put(_OFFSET_KEY, _DEADLINE.pack(batch.next_offset), meta)
         self._db.write(writes)

@@ -32,11 +32,11 @@ class Served:
         return f"tcp://{self.address}/amps/json"
 
 
-def sow_config(topic: str, partitions: int = 2) -> Config:
+def sow_config(topic: str, partitions: int = 2, expiration: str = "enabled") -> Config:
     return Config.model_validate(
         {
             "Topics": [{"Name": topic, "Partitions": partitions}],
-            "SOW": [{"Topic": topic, "Key": "/id", "Expiration": "enabled"}],
+            "SOW": [{"Topic": topic, "Key": "/id", "Expiration": expiration}],
         }
     )
 
@@ -49,11 +49,11 @@ def bare_gateway(bootstrap: str) -> Iterator[Gateway]:
 
 
 @pytest.fixture
-def served(bootstrap: str, topic_factory, tmp_path) -> Iterator[Served]:
+def served(bootstrap: str, topic_factory, tmp_path, request) -> Iterator[Served]:
+    """A worker and its gateway; expiration enabled unless parametrized (indirect)."""
     topic = topic_factory(2, key=("/id",))
-    worker = Worker(
-        sow_config(topic), bootstrap, tmp_path / "state", group_id=f"test-{uuid.uuid4().hex}"
-    )
+    config = sow_config(topic, expiration=getattr(request, "param", "enabled"))
+    worker = Worker(config, bootstrap, tmp_path / "state", group_id=f"test-{uuid.uuid4().hex}")
     worker.start()
     try:
         worker.wait_ready(60)

@@ -123,6 +123,28 @@ def test_oof_for_records_that_leave_the_subscription(served, client, wire):
     assert fence.header["c"] == "group_begin"  # nothing else was delivered before it
 
 
+@pytest.mark.parametrize("served", ["disabled"], indirect=True)
+def test_oof_match_where_the_worker_writes_publishes_blind(served, client, wire):
+    """Without expiration, the worker reads old records only while an oof subscription
+    asks for them; one that arrives after the record was written blind still gets its
+    oof when the record stops matching."""
+    engine = served.worker.engine
+    publish_applied(client, served.topic, [{"id": 1, "qty": 10}])
+    assert not engine.wants_previous(served.topic)
+    subscription = {"c": "subscribe", "cid": "s", "sub_id": "s", "t": served.topic}
+    wire.send({**subscription, "f": "/qty > 5", "o": "oof", "a": "processed"})
+    assert is_ack(wire.recv(), "processed")
+    assert engine.wants_previous(served.topic)
+    client.publish(served.topic, {"id": 1, "qty": 1})
+    client.publish_flush(WAIT)
+    oof = wire.recv()
+    assert (oof.header["c"], oof.header["reason"], oof.header["k"]) == ("oof", "match", "1")
+    assert is_ack(
+        wire.request({"c": "unsubscribe", "cid": "u", "sub_id": "s", "a": "processed"}), "processed"
+    )
+    assert not engine.wants_previous(served.topic)
+
+
 def test_unsubscribe_stops_deliveries(served, client, wire):
     wire.send({"c": "subscribe", "cid": "s", "sub_id": "gone", "t": served.topic, "a": "processed"})
     assert is_ack(wire.recv(), "processed")

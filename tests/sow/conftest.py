@@ -45,15 +45,17 @@ def publisher(bootstrap):
 
 @pytest.fixture
 def start_worker(bootstrap, tmp_path):
-    """start_worker(config, state_dir=None) -> a running, ready Worker; all stopped at the end."""
+    """start_worker(config, state_dir=None, group=None, clock=None) -> a running, ready
+    Worker; all are stopped at the end."""
     started: list[Worker] = []
 
-    def start(config: Config, state_dir=None, group=None) -> Worker:
+    def start(config: Config, state_dir=None, group=None, clock=None) -> Worker:
         worker = Worker(
             config,
             bootstrap,
             state_dir or tmp_path / "state",
             group_id=group or f"g-{uuid.uuid4().hex[:8]}",
+            **({} if clock is None else {"clock": clock}),
         )
         worker.start()
         worker.wait_ready()

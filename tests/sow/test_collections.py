@@ -1,0 +1,41 @@
+"""The collector pause around each batch: nested, and never turning on a disabled one."""
+
+import gc
+
+import pytest
+
+from amps_on_kafka.processor.collections import collections_paused
+
+
+@pytest.fixture(autouse=True)
+def collector_restored():
+    enabled = gc.isenabled()
+    yield
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_paused_inside_and_resumed_after_the_outermost_pause():
+    gc.enable()
+    with collections_paused():
+        assert not gc.isenabled()
+        with collections_paused():  # a second worker's batch in the same process
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_a_collector_the_process_disabled_stays_disabled():
+    gc.disable()
+    with collections_paused():
+        pass
+    assert not gc.isenabled()
+
+
+def test_an_error_in_the_batch_still_resumes_the_collector():
+    gc.enable()
+    with pytest.raises(RuntimeError), collections_paused():
+        raise RuntimeError("batch failed")
+    assert gc.isenabled()
