@@ -62,6 +62,7 @@ from amps_on_kafka.log.kafka import (
     topic_names,
 )
 from amps_on_kafka.log.registry import TopicRegistry
+from amps_on_kafka.processor.collections import collections_paused
 from amps_on_kafka.state.queue import (
     TP,
     AckResult,
@@ -547,17 +548,18 @@ class QueueRuntime:
         engine, state, consumer = self.engine, self.state, self._consumer
         while not engine._stop.is_set() and not done():
             records = consume_available(consumer, BATCH_SIZE, self._wait())
-            read = self._entries(records) if records else ()
-            with engine.lock:
-                for item in read:
-                    if isinstance(item, QueueEntry):
-                        state.enqueue(item)
-                    else:
-                        state.start_at(item[0], item[1] + 1)  # not a message: read past it
-                state.tick()
-                engine.settle()
-                if time.monotonic() >= self._checkpoint_due:
-                    self.checkpoint()
+            with collections_paused():  # see processor/collections.py
+                read = self._entries(records) if records else ()
+                with engine.lock:
+                    for item in read:
+                        if isinstance(item, QueueEntry):
+                            state.enqueue(item)
+                        else:
+                            state.start_at(item[0], item[1] + 1)  # not a message: read past it
+                    state.tick()
+                    engine.settle()
+                    if time.monotonic() >= self._checkpoint_due:
+                        self.checkpoint()
             self.commit_ready()
             self._flow_control()
             self._commit_recovery()
