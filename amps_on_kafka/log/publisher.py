@@ -117,7 +117,7 @@ class LogPublisher:
             correlation_id,
             spec.message_type,
         )
-        self._produce(topic, key, value, headers, sequence, on_persisted)
+        self._produce(spec.name, key, value, headers, sequence, on_persisted)
         return sequence
 
     def sow_delete(

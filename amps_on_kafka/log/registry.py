@@ -44,6 +44,7 @@ class TopicSpec:
     key: tuple[str, ...] | None = None
     key_from_publish: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    publish_target: str | None = None  # a queue's name: its publishes go to this topic
 
     @cached_property
     def codec(self) -> Codec:
@@ -62,6 +63,7 @@ class TopicSpec:
                 "schema": self.schema,
                 "key": list(self.key) if self.key else None,
                 "key_from_publish": self.key_from_publish,
+                "publish_target": self.publish_target,
             }
         )
 
@@ -75,6 +77,7 @@ class TopicSpec:
             schema=doc.get("schema"),
             key=tuple(doc["key"]) if doc.get("key") else None,
             key_from_publish=bool(doc.get("key_from_publish", False)),
+            publish_target=doc.get("publish_target"),
         )
 
 
@@ -91,11 +94,14 @@ class TopicRegistry:
         """The spec of an existing topic; UnknownTopic when Kafka lacks it.
 
         A topic created by other tools has no registry entry: it is JSON without a key.
+        A queue's name whose publishes go elsewhere (seed 001) gives its target's spec.
         """
         with self._lock:
             if name not in self._specs:
                 self._specs.update(self._read_all())
             found = self._specs.get(name)
+        if found is not None and found.publish_target not in (None, name):
+            return self.spec(found.publish_target)  # type: ignore[arg-type]
         partitions = partitions_of(self._admin, name)
         if found is None:
             return TopicSpec(name=name, partitions=len(partitions))

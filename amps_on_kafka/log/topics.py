@@ -79,11 +79,19 @@ def create_log_topics(
 def create_from_config(
     admin: AdminClient, registry: TopicRegistry, config: Config
 ) -> list[Created]:
-    return create_log_topics(
+    """The config's log topics, and a registry entry for each queue whose name is not a
+    topic, naming its DefaultPublishTarget: a `kafka://` publish to the queue's name then
+    lands where a gateway publish would (seed 001)."""
+    created = create_log_topics(
         admin,
         registry,
         ((spec_from_config(config, t), t.replication_factor, t.retention) for t in config.topics),
     )
+    for queue in config.queues:
+        target = queue.publish_target
+        if target is not None and target != queue.name:
+            registry.register(TopicSpec(name=queue.name, publish_target=target))
+    return created
 
 
 def _topic_config(retention: float | None) -> dict[str, str]:

@@ -154,6 +154,7 @@ class QueueEngine:
         self.clock = clock
         self.registry = registry or TopicRegistry(bootstrap)
         self.lock = threading.RLock()
+        self.settled = threading.Condition(self.lock)  # notified at the end of every settle
         self.producer = log_producer(bootstrap)
         self.runtimes = {q.name: QueueRuntime(self, q) for q in config.queues}
         self._stop = threading.Event()
@@ -319,6 +320,13 @@ class QueueEngine:
         for runtime in self.runtimes.values():
             runtime.state.dispatch()
             runtime.flush()
+        self.settled.notify_all()
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
+        """Block until `condition` (checked under the lock) holds after some settle: every
+        change of queue state ends in one. False after `timeout` seconds."""
+        with self.settled:
+            return self.settled.wait_for(condition, timeout)
 
     def send(self, queue: str, deliveries: list[Delivery]) -> None:
         now = self.clock()

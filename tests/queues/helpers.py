@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +11,7 @@ from confluent_kafka import TopicPartition
 
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.kafka import reader
-from amps_on_kafka.processor.queues import events_topic
+from amps_on_kafka.processor.queues import QueueEngine, events_topic
 from amps_on_kafka.state.queue import (
     Delivery,
     MessageId,
@@ -100,18 +99,21 @@ def events_of(state: QueueState) -> list[QueueEvent]:
     return state.outbox.take().events
 
 
-def eventually(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "it") -> None:
-    """Wait for a condition that the engine's own threads bring about."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached after {timeout}s")
-        time.sleep(0.01)
+def eventually(
+    engine: QueueEngine, condition: Callable[[], bool], timeout: float = 20.0, what: str = "it"
+) -> None:
+    """Wait for a condition of queue state that the engine's own threads bring about."""
+    if not engine.wait_until(condition, timeout):
+        raise AssertionError(f"{what} not reached after {timeout}s")
 
 
-def event_records(bootstrap: str, queue: str) -> list[list[QueueEvent]]:
-    """Every record of a queue's events topic, decoded."""
-    consumer = reader(bootstrap)
+def event_records(engine: QueueEngine, queue: str) -> list[list[QueueEvent]]:
+    """Every record of a queue's events topic, decoded, once every event the engine has
+    recorded so far is durable in Kafka."""
+    with engine.lock:
+        durable = engine.runtimes[queue].when_durable(None)
+    durable.result(20)
+    consumer = reader(engine.bootstrap)
     topic = events_topic(queue)
     try:
         _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)

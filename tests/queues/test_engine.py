@@ -41,7 +41,7 @@ def test_subscription_is_pushed_messages_with_bookmark_and_lease_period_up_to_it
     assert handle.max_backlog == 3
     publish(publisher, queue, range(5))
     first = inbox.wait_for(3)
-    eventually(lambda: engine.runtimes[queue].state.depth == 5, what="all 5 read")
+    eventually(engine, lambda: engine.runtimes[queue].state.depth == 5, what="all 5 read")
     assert len(inbox.messages) == 3  # the backlog is full
     assert [m.data["n"] for m in first] == [0, 1, 2]
     assert [m.bookmark for m in first] == [f"{queue}|0|{i}|" for i in range(3)]
@@ -52,7 +52,7 @@ def test_subscription_is_pushed_messages_with_bookmark_and_lease_period_up_to_it
 
 
 def test_an_ack_is_answered_only_once_it_is_durable_in_the_queue_events_topic(
-    queue_config, engines, publisher, bootstrap
+    queue_config, engines, publisher
 ):
     config = queue_config()
     queue = config.queues[0].name
@@ -65,7 +65,7 @@ def test_an_ack_is_answered_only_once_it_is_durable_in_the_queue_events_topic(
     assert future.result(10).acked == 2
     removed = {
         "{}|{}|{}|".format(*e.id)
-        for record in event_records(bootstrap, queue)
+        for record in event_records(engine, queue)
         for e in record
         if e.kind is EventKind.REMOVE
     }
@@ -127,7 +127,7 @@ def test_sow_on_a_queue_and_ack_by_filter(queue_config, engines, publisher):
     queue = config.queues[0].name
     engine = engines(config)
     publish(publisher, queue, range(6))
-    eventually(lambda: len(engine.browse(queue)) == 6, what="6 messages in the queue")
+    eventually(engine, lambda: len(engine.browse(queue)) == 6, what="6 messages in the queue")
     assert [m.data["n"] for m in engine.browse(queue, "/n > 3")] == [4, 5]
     assert engine.ack_by_filter(queue, "/n < 2", "s1").result(10).acked == 2
     assert [m.data["n"] for m in engine.browse(queue)] == [2, 3, 4, 5]
@@ -168,7 +168,9 @@ def test_sigkill_loses_no_unacknowledged_message_and_redelivers_no_acknowledged_
     inbox = Inbox()
     engine.subscribe(queue, inbox, session="s2", sub_id="after", max_backlog=1000)
     inbox.wait_for(10)
-    eventually(lambda: engine.runtimes[queue].state.positions[(queue, 0)] == 20, what="all read")
+    eventually(
+        engine, lambda: engine.runtimes[queue].state.positions[(queue, 0)] == 20, what="all read"
+    )
     assert set(inbox.bookmarks) == seen["held"]  # returned leases, and nothing acked
     assert len(inbox.messages) == 10
 

@@ -89,7 +89,7 @@ def test_queue_subscription_gets_max_backlog_messages_each_with_bookmark_and_lea
         assert [m.data["n"] for m in first] == [0, 1]
         assert all(0 < m.lease_period <= 20_000 for m in first)
         assert [m.bookmark for m in first] == [f"{served.queue}|0|{n}|" for n in (0, 1)]
-        eventually(lambda: served.engine.runtimes[served.queue].state.depth == 4)
+        eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 4)
         for message in first:
             message.ack()
         assert [m.data["n"] for m in take(stream, 2)] == [2, 3]
@@ -106,11 +106,11 @@ def test_message_ack_cancel_returns_it_and_expire_removes_it(serve, clients, que
         [again] = take(stream, 1)
         assert again.bookmark == first.bookmark
         again.ack("expire")
-        eventually(lambda: served.engine.runtimes[served.queue].state.depth == 0)
+        eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 0)
     assert list(client.sow(served.queue)) == []
 
 
-def test_client_batches_acks_into_one_sow_delete(serve, clients, queue_config, bootstrap):
+def test_client_batches_acks_into_one_sow_delete(serve, clients, queue_config):
     served = serve(queue_config())
     client = clients(served)
     client.set_ack_batch_size(3)
@@ -121,8 +121,8 @@ def test_client_batches_acks_into_one_sow_delete(serve, clients, queue_config, b
         client.publish_flush()
         for message in take(stream, 3):
             message.ack()
-        eventually(lambda: served.engine.runtimes[served.queue].state.depth == 0)
-    records = event_records(bootstrap, served.queue)
+        eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 0)
+    records = event_records(served.engine, served.queue)
     acks = [r for r in records if all(e.kind.value == "remove" for e in r)]
     assert [len(r) for r in acks] == [3]  # one record, one sow_delete, three bookmarks
 
@@ -132,7 +132,7 @@ def test_only_a_leased_queue_message_can_be_acked(serve, clients, queue_config):
     client = clients(served)
     client.publish(served.queue, {"n": 1})
     client.publish_flush()
-    eventually(lambda: served.engine.runtimes[served.queue].state.depth == 1)
+    eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 1)
     [browsed] = list(client.sow(served.queue))
     with pytest.raises(MessageError, match="not a leased queue message"):
         browsed.ack()
@@ -144,7 +144,7 @@ def test_sow_on_a_queue_and_an_ack_by_filter_through_the_gateway(serve, clients,
     for n in range(5):
         client.publish(served.queue, {"n": n})
     client.publish_flush()
-    eventually(lambda: served.engine.runtimes[served.queue].state.depth == 5)
+    eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 5)
     assert [m.data["n"] for m in client.sow(served.queue, "/n >= 3")] == [3, 4]
     assert client.sow_delete(served.queue, "/n < 2").matches == 2
     records = list(client.sow(served.queue))
@@ -209,7 +209,7 @@ def test_publish_to_the_queue_name_is_written_to_its_direct_topic(
         client.publish(queue, {"via": "name"})
         client.publish(base, {"via": "underlying"})
         client.publish_flush()
-        eventually(lambda: served.engine.runtimes[queue].state.depth == 2)
+        eventually(served.engine, lambda: served.engine.runtimes[queue].state.depth == 2)
         bookmarks = {m.data["via"]: m.bookmark for m in client.sow(queue)}
         assert bookmarks["name"].startswith(f"{direct}|")
         assert bookmarks["underlying"].startswith(f"{base}|")

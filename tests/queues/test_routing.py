@@ -7,9 +7,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
+from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config, load_config
-from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.log.message import COMPLETED
+from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
+from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.log.topics import create_from_config
 from amps_on_kafka.processor.queues import events_topic
 from tests.conftest import create_topic, delete_topics
 from tests.queues.helpers import eventually
@@ -65,6 +70,27 @@ def test_the_seed_routing_table_end_to_end(bootstrap, publisher, engines):
         delete_topics(bootstrap, names + [events_topic(q) for q in queues])
 
 
+def test_a_kafka_publish_to_a_queue_name_lands_in_its_publish_target(bootstrap):
+    """Without a gateway, `topics create` leaves the queue's DefaultPublishTarget in the
+    topic registry, so a kafka:// publish to ORDERS_ANALYTICS goes where seed 001 says."""
+    prefix = f"K{uuid.uuid4().hex[:6]}_"
+    config = _renamed(load_config(EXAMPLE), prefix)
+    registry = TopicRegistry(bootstrap)
+    create_from_config(AdminClient({"bootstrap.servers": bootstrap}), registry, config)
+    queue, direct = prefix + "ORDERS_ANALYTICS", prefix + "ORDERS_ANALYTICS_DIRECT"
+    try:
+        with Client("queue-publisher") as client:
+            client.connect(f"kafka://{bootstrap}")
+            client.publish(queue, {"row": "to the queue's name"})
+            client.publish_flush(10)
+        with Replay(bootstrap, direct, "0", until="0|1|") as log:
+            landed = [m.data for m in log if m is not COMPLETED]
+        assert landed == [{"row": "to the queue's name"}]
+        assert registry.spec(queue).name == direct
+    finally:
+        delete_topics(bootstrap, [t.name for t in config.topics])
+
+
 def _renamed(config: Config, prefix: str) -> Config:
     """The example with every name prefixed, so runs sharing a broker don't collide."""
     raw = config.model_dump(by_alias=True, exclude_none=True)
@@ -80,4 +106,4 @@ def _renamed(config: Config, prefix: str) -> Config:
 
 
 def _wait_depth(engine, queue: str, depth: int) -> None:
-    eventually(lambda: engine.runtimes[queue].state.depth >= depth, what=f"{queue} depth")
+    eventually(engine, lambda: engine.runtimes[queue].state.depth >= depth, what=f"{queue} depth")
