@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -86,11 +87,27 @@ def partitions_of(client: AdminClient | Consumer | Producer, topic: str) -> list
 
 def topic_names(client: AdminClient | Consumer) -> list[str]:
     """Every user topic (Kafka's internal topics and ours, starting with '_', left out)."""
+    return sorted(_user_topics(client))
+
+
+def partitions_matching(
+    client: AdminClient | Consumer, wanted: Callable[[str], bool]
+) -> list[tuple[str, int]]:
+    """Every partition of the user topics `wanted` accepts, from one metadata request."""
+    return sorted(
+        (name, partition)
+        for name, info in _user_topics(client).items()
+        if info.error is None and wanted(name)
+        for partition in info.partitions
+    )
+
+
+def _user_topics(client: AdminClient | Consumer) -> dict[str, Any]:
     try:
         metadata = client.list_topics(timeout=METADATA_TIMEOUT)
     except KafkaException as exc:
         raise TransportError(f"can't reach Kafka: {exc}") from exc
-    return sorted(name for name in metadata.topics if not name.startswith("_"))
+    return {name: info for name, info in metadata.topics.items() if not name.startswith("_")}
 
 
 def consume_available(consumer: Consumer, max_messages: int, timeout: float) -> list:

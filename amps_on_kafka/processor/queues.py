@@ -43,6 +43,7 @@ from confluent_kafka.admin import NewTopic
 
 from amps_on_kafka.config import Config, QueueConfig
 from amps_on_kafka.errors import (
+    AmpsError,
     InvalidBookmark,
     PublishError,
     TransportError,
@@ -57,9 +58,8 @@ from amps_on_kafka.log.kafka import (
     admin_client,
     consume_available,
     log_producer,
-    partitions_of,
+    partitions_matching,
     reader,
-    topic_names,
 )
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.collections import collections_paused
@@ -90,6 +90,7 @@ BATCH_SIZE = 2000
 MAX_WAIT = 0.05  # seconds: bounds lease and expiry lag, and checkpoint delay
 RECOVERY_EVERY = 1.0  # seconds between commits of the recovery point to Kafka
 CHECKPOINT_EVERY = 0.2  # seconds: a message acked sooner never costs a RocksDB write
+DISCOVER_EVERY = 5.0  # seconds between looks for new topics that UnderlyingTopic matches
 _NO_COMMITTED = -1001
 
 
@@ -416,6 +417,8 @@ class QueueRuntime:
         self._checkpoint_due = 0.0
         self._paused = False
         self._recovery_sent: tuple[float, RecoveryPoint | None] = (0.0, None)
+        self._admin = None
+        self._discover_due = time.monotonic() + DISCOVER_EVERY
 
     def start(self) -> None:
         self._thread.start()
@@ -442,7 +445,12 @@ class QueueRuntime:
             self.engine.bootstrap,
             **{"group.id": f"{GROUP_PREFIX}{self.name}", "auto.offset.reset": "earliest"},
         )
+        self._admin = admin
         partitions = self._underlying(admin)
+        if not partitions:
+            raise UnknownTopic(
+                f"queue {self.name}: no topic matches UnderlyingTopic {self.config.topic_pattern!r}"
+            )
         self.store = QueueStore(queue_store_path(self.engine.state_dir, self.name))
         stored = self.store.load(self._codecs.get)
         if stored is not None:
@@ -472,14 +480,36 @@ class QueueRuntime:
         )
 
     def _underlying(self, admin) -> list[TP]:
-        topics = [t for t in topic_names(admin) if self.config.views(t)]
-        if not topics:
-            raise UnknownTopic(
-                f"queue {self.name}: no topic matches UnderlyingTopic {self.config.topic_pattern!r}"
-            )
-        for topic in topics:
+        """Every partition of the topics UnderlyingTopic matches now, codecs known."""
+        partitions = partitions_matching(admin, self.config.views)
+        for topic in {t for t, _ in partitions} - self._codecs.keys():
             self._codecs[topic] = self.engine.registry.spec(topic).codec
-        return [(t, p) for t in topics for p in partitions_of(admin, t)]
+        return partitions
+
+    def _discover(self) -> None:
+        """UnderlyingTopic is a pattern: a topic created after the queue started, or a
+        partition added to one, joins the queue from its start (checked every
+        DISCOVER_EVERY seconds, on the queue's own thread)."""
+        if time.monotonic() < self._discover_due:
+            return
+        self._discover_due = time.monotonic() + DISCOVER_EVERY
+        try:
+            found = self._underlying(self._admin)
+            new = [tp for tp in found if tp not in self.state.positions]
+            starts = {tp: mark.low for tp, mark in watermarks(self._consumer, new).items()}  # type: ignore[arg-type]
+        except AmpsError as exc:
+            log.warning("queue %s: looking for new underlying topics failed: %s", self.name, exc)
+            return
+        if not starts:
+            return
+        with self.engine.lock:
+            for tp, offset in starts.items():
+                self.state.start_at(tp, offset)
+            self._read = True  # the next checkpoint stores the new positions
+        self._consumer.incremental_assign(  # type: ignore[union-attr]
+            [TopicPartition(t, p, offset) for (t, p), offset in starts.items()]
+        )
+        log.info("queue %s: now reading %s", self.name, ", ".join(f"{t}|{p}" for t, p in starts))
 
     def _committed(self, partitions: list[TP]) -> tuple[dict[TP, int], int]:
         """The recovery point committed to Kafka; the start of the logs when there is none."""
@@ -571,6 +601,8 @@ class QueueRuntime:
             self.commit_ready()
             self._flow_control()
             self._commit_recovery()
+            if self.ready.is_set():
+                self._discover()
 
     def _wait(self) -> float:
         due = self.state.next_due()

@@ -14,10 +14,14 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
 from amps_on_kafka.log.kafka import reader
-from amps_on_kafka.processor.queues import GROUP_PREFIX, QueueEngine
+from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.processor import queues
+from amps_on_kafka.processor.queues import GROUP_PREFIX, QueueEngine, events_topic
 from amps_on_kafka.state.queue import EventKind
+from tests.conftest import create_topic, delete_topics
 from tests.queues.conftest import Inbox
 from tests.queues.helpers import event_records, eventually
 
@@ -216,3 +220,28 @@ def test_a_queue_refuses_commands_until_it_has_recovered(queue_config, bootstrap
         engine.subscribe(queue, Inbox(), session="s", sub_id="a")
     with pytest.raises(TransportError, match="recovering"):
         engine.ack(queue, f"{queue}|0|0|", "s")
+
+
+def test_a_topic_created_later_that_underlying_topic_matches_joins_the_queue(
+    bootstrap, topic_factory, engines, publisher, monkeypatch
+):
+    """UnderlyingTopic is a regular expression: the queue takes in a matching topic
+    created while it runs, from the topic's first message, without a restart."""
+    monkeypatch.setattr(queues, "DISCOVER_EVERY", 0.1)
+    first = topic_factory(1)
+    queue_options = {"UnderlyingTopic": f"^{first}(_later)?$", "DefaultPublishTarget": first}
+    config = Config.model_validate(
+        {"Topics": [{"Name": first}], "Queues": [{"Name": f"{first}_Q", **queue_options}]}
+    )
+    queue = config.queues[0].name
+    engine = engines(config)
+    later = f"{first}_later"
+    create_topic(bootstrap, TopicSpec(later, 2))
+    try:
+        publisher.publish(later, {"n": 1})
+        publisher.publish(first, {"n": 2})
+        publisher.flush(10)
+        eventually(engine, lambda: engine.runtimes[queue].state.depth == 2, what="both enqueued")
+        assert sorted(m.data["n"] for m in engine.browse(queue)) == [1, 2]
+    finally:
+        delete_topics(bootstrap, [later, events_topic(queue)])
