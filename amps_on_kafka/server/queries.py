@@ -86,6 +86,7 @@ async def _snapshot_then_live(
     boundary = Boundary(session.gateway.fanout)
     result = await session.gateway.blocking(lambda: boundary.query(query.topic, **query.options()))
     await send_snapshot(session, request, query, result)
+    sub.raise_if_overflowed()
     if not sub.closed:
         sub.go_live(boundary.first)  # type: ignore[arg-type]
 

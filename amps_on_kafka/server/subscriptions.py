@@ -23,7 +23,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from amps_on_kafka import NOW
-from amps_on_kafka.errors import AmpsError, MessageError
+from amps_on_kafka.errors import AmpsError, MessageError, TransportError
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.log.message import Completed, LogMessage
 from amps_on_kafka.log.replay import Replay
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 SUBSCRIBE_OPTIONS = frozenset({"oof"})
 REPLAY_IDLE = 0.25  # seconds: how often an idle replay thread checks that it should go on
 BACKPRESSURE_EVERY = 500
+MAX_HELD_CHANGES = 200_000  # live changes a sow_and_subscribe holds while its snapshot goes
 PUBLISHED = frozenset({"publish", "delta_publish"})
 
 
@@ -65,6 +66,7 @@ class SowSubscription:
         self.oof = oof
         self.closed = False
         self.buffer: list[tuple[int, list[Change]]] | None = None
+        self.held = 0  # changes that arrived while buffering
         self.first = 0  # batches numbered below this one came before the subscription
         if oof:
             self._want_previous()
@@ -83,6 +85,16 @@ class SowSubscription:
     def hold(self) -> None:
         """Buffer changes until go_live (sow_and_subscribe sends its snapshot meanwhile)."""
         self.buffer = []
+        self.held = 0
+
+    def raise_if_overflowed(self) -> None:
+        """More than MAX_HELD_CHANGES arrived while the snapshot went out: they were
+        dropped, and the subscription fails rather than go live with a gap."""
+        if self.held > MAX_HELD_CHANGES:
+            raise TransportError(
+                f"sow_and_subscribe {self.sub_id}: more than {MAX_HELD_CHANGES:,} changes "
+                "arrived while its snapshot was sent (a slow consumer); subscribe again"
+            )
 
     def go_live(self, first: int) -> None:
         """Deliver the buffered batches numbered `first` or later, then follow live."""
@@ -95,7 +107,11 @@ class SowSubscription:
         if number < self.first:
             return
         if self.buffer is not None:
-            self.buffer.append((number, changes))
+            self.held += len(changes)
+            if self.held > MAX_HELD_CHANGES:
+                self.buffer.clear()  # memory stays bounded however slow the snapshot
+            else:
+                self.buffer.append((number, changes))
         elif not self.closed:
             self.deliver(changes)
 

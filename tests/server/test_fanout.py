@@ -16,6 +16,7 @@ from amps_on_kafka.config import Config
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.processor.engine import QueryResult, SowEngine
 from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.server import subscriptions
 from amps_on_kafka.server.gateway import Gateway
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind
 from amps_on_kafka.state.record import SowRecord
@@ -122,6 +123,27 @@ def test_changes_during_a_snapshot_wait_for_group_end(direct, wire):
     kinds = [f.header["c"] for f in frames]
     assert kinds == ["group_begin", *["sow"] * 50, "group_end", "publish"]
     assert {f.header["sub_id"] for f in frames} == {"q"}  # the cid, when no sub_id is given
+
+
+def test_a_snapshot_outrun_by_more_live_changes_than_can_be_held_fails_the_subscription(
+    direct, wire, monkeypatch
+):
+    """The changes held while a snapshot goes out are bounded: past the limit the
+    subscription fails with a reason instead of growing without end or going live with
+    a gap, and the connection goes on."""
+    monkeypatch.setattr(subscriptions, "MAX_HELD_CHANGES", 3)
+    source, _ = direct
+    source.upsert(a={"id": "a"})
+    source.engine.after_snapshot = lambda: source.upsert(**{k: {"id": k} for k in "bcdef"})
+    wire.send({"c": "sow_and_subscribe", "cid": "q", "sub_id": "q", "t": TOPIC})
+    frames = wire.until(lambda f: f.header["c"] == "ack")
+    failure = frames[-1].header
+    assert [f.header["c"] for f in frames] == ["group_begin", "sow", "group_end", "ack"]
+    assert failure["status"] == "failure" and "more than 3 changes arrived" in failure["reason"]
+    source.engine.after_snapshot = lambda: None
+    source.upsert(g={"id": "g"})  # the failed subscription no longer delivers
+    fence = wire.request({"c": "sow", "cid": "fence", "t": TOPIC})
+    assert fence.header["c"] == "group_begin"
 
 
 def test_oof_expired_and_deleted_only_for_records_that_matched(direct, wire):
