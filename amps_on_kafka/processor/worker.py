@@ -29,7 +29,7 @@ from confluent_kafka import (
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
 from amps_on_kafka.log.envelope import Command, dead_letter_headers
-from amps_on_kafka.log.kafka import FETCH_BYTES_PER_PARTITION, consume_available, log_producer
+from amps_on_kafka.log.kafka import CONSUMER_TUNING, consume_available, log_producer
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.topics import spec_from_config
 from amps_on_kafka.processor.collections import collections_paused
@@ -188,8 +188,7 @@ class Worker:
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
                 "fetch.wait.max.ms": 50,
-                "queued.min.messages": 100_000,
-                "max.partition.fetch.bytes": FETCH_BYTES_PER_PARTITION,
+                **CONSUMER_TUNING,
             }
         )
 
