@@ -18,23 +18,14 @@ from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.log.topics import create_from_config
 from tests.conftest import delete_topics
+from tests.log.test_codecs import ORDER_SCHEMA
 from tests.sow.conftest import wait_caught_up
-
-SCHEMA = {
-    "type": "record",
-    "name": "Order",
-    "fields": [
-        {"name": "id", "type": "long"},
-        {"name": "sym", "type": "string"},
-        {"name": "qty", "type": "double"},
-    ],
-}
 
 
 @pytest.fixture
 def avro_config(bootstrap, tmp_path):
     topic = f"avro-orders-{uuid.uuid4().hex[:8]}"
-    (tmp_path / "order.avsc").write_bytes(orjson.dumps(SCHEMA))
+    (tmp_path / "order.avsc").write_bytes(orjson.dumps(ORDER_SCHEMA))
     path = tmp_path / "amps.yaml"
     path.write_text(
         f"Topics:\n"
