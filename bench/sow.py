@@ -106,6 +106,8 @@ def bench_apply(servers: str, messages: int, keys: int, quix: bool) -> None:
     ours = Result("worker", seconds, messages)
     report(f"SOW apply: {messages:,} publishes over {keys:,} keys", ours, peer, 0.4)
     print(f"{'':<48} worker {ours.rate:,.0f} upserts/s (target 100,000); SOW holds {count:,}")
+    throttled = raw_consume(servers, topic, partitions, messages, defaults=True)
+    report("  the same, beside raw with librdkafka's defaults", ours, throttled)
     if quix:
         quix_result = quix_rate(servers, topic, messages)
         if quix_result is not None:
