@@ -8,6 +8,11 @@ collection every batch or two, scanning every object of the process. Measured on
 apply benchmark, that was a third of the worker's time. Paused for the batch and resumed
 after, the collector finds the batch's objects already freed.
 
+The worker consumes inside the pause too, so the consumed records (tracked by the
+collector) are also freed before it resumes. Nothing is left uncollected: the collector
+counts objects allocated and not yet freed, so cyclic garbage made meanwhile (by any
+thread) still triggers a collection once the pause ends.
+
 The pause is process-wide (the gc module has no other kind), so it nests: several workers
 in one process keep it off until the last batch in flight ends, and a process that
 turned the collector off itself keeps it off.

@@ -166,10 +166,11 @@ class Worker:
                 on_lost=self._on_revoke,
             )
             while not self._stop.is_set():
-                records = consume_available(consumer, BATCH_SIZE, self._wait_time())
-                with collections_paused():
+                with collections_paused():  # consumed records die inside it too
+                    records = consume_available(consumer, BATCH_SIZE, self._wait_time())
                     if records:
                         self._apply(records)
+                    del records
                     self._expire_due()
         finally:
             consumer.close()  # revokes, which closes every store
