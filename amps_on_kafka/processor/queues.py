@@ -585,9 +585,10 @@ class QueueRuntime:
     def _loop(self, done: Callable[[], bool]) -> None:
         engine, state, consumer = self.engine, self.state, self._consumer
         while not engine._stop.is_set() and not done():
-            records = consume_available(consumer, BATCH_SIZE, self._wait())
             with collections_paused():  # see processor/collections.py
+                records = consume_available(consumer, BATCH_SIZE, self._wait())
                 read = self._entries(records) if records else ()
+                del records
                 with engine.lock:
                     for item in read:
                         if isinstance(item, QueueEntry):
