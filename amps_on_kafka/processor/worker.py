@@ -300,9 +300,12 @@ class Worker:
 
     # -- expiration -------------------------------------------------------------------
     def _wait_time(self) -> float:
+        """Until the next deadline a sweep will act on. Only expiring topics count: with
+        expiration disabled a message's own deadline is kept, never due, and a passed one
+        must not turn the loop into a spin."""
+        stores = [s for s in self.engine.stores() if self.rules[s.topic].expiring]
         next_due = min(
-            (d for d in (s.next_deadline() for s in self.engine.stores()) if d is not None),
-            default=None,
+            (d for d in (s.next_deadline() for s in stores) if d is not None), default=None
         )
         if next_due is None:
             return MAX_IDLE_WAIT

@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.replay import Replay
-from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.processor.worker import MAX_IDLE_WAIT, now_ms
 from amps_on_kafka.state.sow import Applied, DictState
 from tests.sow.conftest import sow_config, wait_caught_up
 
@@ -165,3 +165,16 @@ def test_a_second_worker_in_the_group_takes_half_the_partitions(
     wait_caught_up(second, bootstrap, sow_topic, 2, owned_only=True)
     both = sow_of(first, sow_topic) | sow_of(second, sow_topic)
     assert len(sow_of(first, sow_topic)) < 40 and len(both) == 40
+
+
+def test_a_passed_deadline_in_a_topic_without_expiration_does_not_wake_the_loop(
+    bootstrap, sow_topic, publisher, start_worker
+):
+    """Disabled expiration keeps the message's deadline but never acts on it, so the
+    worker's loop keeps its idle wait instead of spinning on a deadline long past."""
+    worker = start_worker(sow_config(sow_topic))
+    publisher.publish(sow_topic, {"id": 1}, expiration=0.001)
+    publisher.publish_flush(10)
+    wait_caught_up(worker, bootstrap, sow_topic, 2)
+    assert sum(len(s.due(now_ms() + 1000)) for s in worker.engine.stores()) == 1
+    assert worker._wait_time() == MAX_IDLE_WAIT
