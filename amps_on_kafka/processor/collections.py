@@ -9,25 +9,32 @@ apply benchmark, that was a third of the worker's time. Paused for the batch and
 after, the collector finds the batch's objects already freed.
 
 The worker consumes inside the pause too, so the consumed records (tracked by the
-collector) are also freed before it resumes. Nothing is left uncollected: the collector
-counts objects allocated and not yet freed, so cyclic garbage made meanwhile (by any
-thread) still triggers a collection once the pause ends.
+collector) are also freed before it resumes. Cyclic garbage made meanwhile, by any
+thread, is still collected: the collector counts objects allocated and not yet freed,
+so real garbage triggers a collection once the pause ends.
 
-The pause is process-wide (the gc module has no other kind), so it nests: several workers
-in one process keep it off until the last batch in flight ends, and a process that
-turned the collector off itself keeps it off.
+The pause is process-wide (the gc module has no other kind), so it nests: several
+threads (the SOW worker, each queue) keep it off until the last of their batches ends,
+and a process that turned the collector off itself keeps it off. Because those threads
+spend most of their time inside a pause, the collector could stay off for good in a
+busy process; so a pause that ends while others go on runs a full collection when none
+has had a chance for COLLECT_EVERY seconds.
 """
 
 from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+COLLECT_EVERY = 10.0  # seconds the collector may stay off while pauses overlap
 
 _lock = threading.Lock()
 _depth = 0
 _resume = False
+_resumed_at = time.monotonic()  # when the collector last ran or could run
 
 
 @contextmanager
@@ -41,7 +48,23 @@ def collections_paused() -> Iterator[None]:
     try:
         yield
     finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _resume:
-                gc.enable()
+        if _end_pause():
+            gc.collect()  # outside the lock: finalizers may pause again
+
+
+def _end_pause() -> bool:
+    """Whether the collector is overdue and this pause must run it."""
+    global _depth, _resumed_at
+    with _lock:
+        _depth -= 1
+        if not _resume:
+            return False
+        now = time.monotonic()
+        if _depth == 0:
+            gc.enable()
+            _resumed_at = now
+            return False
+        if now - _resumed_at < COLLECT_EVERY:
+            return False
+        _resumed_at = now
+        return True

@@ -1,9 +1,11 @@
 """The collector pause around each batch: nested, and never turning on a disabled one."""
 
 import gc
+import weakref
 
 import pytest
 
+from amps_on_kafka.processor import collections
 from amps_on_kafka.processor.collections import collections_paused
 
 
@@ -38,4 +40,27 @@ def test_an_error_in_the_batch_still_resumes_the_collector():
     gc.enable()
     with pytest.raises(RuntimeError), collections_paused():
         raise RuntimeError("batch failed")
+    assert gc.isenabled()
+
+
+def test_overlapping_pauses_still_collect_cyclic_garbage_now_and_then(monkeypatch):
+    """Threads that keep the collector paused between them (the worker and each queue)
+    must not switch it off for good: a pause ending while another goes on runs a full
+    collection once COLLECT_EVERY has passed."""
+    gc.enable()
+    monkeypatch.setattr(collections, "COLLECT_EVERY", 0.0)
+
+    class Node:
+        pass
+
+    with collections_paused():  # another thread's batch, in progress throughout
+        cycle = Node()
+        cycle.me = cycle
+        alive = weakref.ref(cycle)
+        del cycle
+        assert alive() is not None  # only the collector frees a cycle
+        with collections_paused():
+            pass
+        assert alive() is None
+        assert not gc.isenabled()  # the outer pause still holds
     assert gc.isenabled()
