@@ -76,7 +76,7 @@ async def sow_and_subscribe(session: Session, request: Request) -> None:
     )
     session.add_subscription(sub)
     sub.hold()
-    session.gateway.fanout.add(sub)  # before the snapshot: no batch after it can be missed
+    sub.register()  # before the snapshot: no batch after it can be missed
     session.spawn(_snapshot_then_live(session, request, query, sub), request, on_failure=sub)
 
 

@@ -68,7 +68,11 @@ class SowSubscription:
         self.buffer: list[tuple[int, list[Change]]] | None = None
         self.held = 0  # changes that arrived while buffering
         self.first = 0  # batches numbered below this one came before the subscription
-        if oof:
+
+    def register(self) -> None:
+        """Start receiving the engine's changes (the loop, once the session holds it)."""
+        self.session.gateway.fanout.add(self)
+        if self.oof:
             self._want_previous()
 
     def _want_previous(self) -> None:
@@ -256,7 +260,7 @@ async def subscribe(session: Session, request: Request) -> None:
     if bookmark is None and session.gateway.engine.is_sow_topic(topic):
         sub = SowSubscription(session, sub_id, topic, filter, oof=oof)
         session.add_subscription(sub)
-        session.gateway.fanout.add(sub)
+        sub.register()
         if request.wants("processed"):
             session.send(ack(header, "processed"))
         return

@@ -135,6 +135,8 @@ def test_oof_match_where_the_worker_writes_publishes_blind(served, client, wire)
     wire.send({**subscription, "f": "/qty > 5", "o": "oof", "a": "processed"})
     assert is_ack(wire.recv(), "processed")
     assert engine.wants_previous(served.topic)
+    again = wire.request({**subscription, "cid": "dup", "o": "oof", "a": "processed"})
+    assert again.header["status"] == "failure" and "already in use" in again.header["reason"]
     client.publish(served.topic, {"id": 1, "qty": 1})
     client.publish_flush(WAIT)
     oof = wire.recv()
