@@ -71,6 +71,7 @@ class Worker:
             sow.topic: SowRules(sow, spec_from_config(config, config.topic(sow.topic)).codec)  # type: ignore[arg-type]
             for sow in config.sow
         }
+        self._codecs = {topic: rules.codec for topic, rules in self.rules.items()}
         self.engine = SowEngine(config, self.rules, clock)
         self.queues = (
             QueueEngine(config, bootstrap, self.state_dir, clock=clock) if config.queues else None
@@ -227,7 +228,7 @@ class Worker:
     # -- applying the log -------------------------------------------------------------
     def _apply(self, records: list[Message]) -> None:
         by_partition: dict[tuple[str, int], list[LogMessage]] = {}
-        codecs = {topic: rules.codec for topic, rules in self.rules.items()}
+        codecs = self._codecs
         for record in records:
             if record.error():
                 self._consumer_error(record.error())
@@ -266,7 +267,10 @@ class Worker:
         self._report_rejections(applied.results, messages)  # dead letters durable first
         with self.engine.lock:
             if not previous and self.engine.wants_previous(store.topic):
-                fill_previous(applied.changes, store.get)  # an oof subscriber came meanwhile
+                # an oof subscriber came meanwhile: the store still holds the old records
+                keys = {change.sow_key for change in applied.changes}
+                before = {r.sow_key: r for r in store.get_many(keys)}
+                fill_previous(applied.changes, before.get)
             store.write(state)
             self.engine.notify(BatchApplied(applied.changes, applied.results))
 
