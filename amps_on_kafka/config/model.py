@@ -103,6 +103,13 @@ class GatewayConfig(_Strict):
     max_frame_bytes: int = Field(4 * 1024 * 1024, alias="MaxFrameBytes", ge=1024)
 
 
+class StateConfig(_Strict):
+    """The worker's RocksDB stores. Their write-ahead log is off (the Kafka log is the
+    log), so a memtable's size is also how much a crash can make the worker re-apply."""
+
+    write_buffer_bytes: int = Field(64 * 1024 * 1024, alias="WriteBufferBytes", ge=64 * 1024)
+
+
 Semantics = Literal["at-least-once", "at-most-once"]
 Fairness = Literal["fast", "round-robin", "proportional"]
 
@@ -220,6 +227,7 @@ class Config(_Strict):
     topics: tuple[TopicConfig, ...] = Field((), alias="Topics")
     sow: tuple[SowConfig, ...] = Field((), alias="SOW")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, alias="Gateway")
+    state: StateConfig = Field(default_factory=StateConfig, alias="State")
     queues: tuple[QueueConfig, ...] = Field((), alias="Queues")
 
     @model_validator(mode="after")

@@ -113,6 +113,29 @@ class Envelope:
 
 
 _PLAIN_PUBLISH = Envelope()
+_STATEFUL = frozenset((H_COMMAND, H_EXPIRATION, H_FILTER, H_SOW_KEYS))
+_TEXT = frozenset((H_PUBLISHER, H_SOW_KEY, H_CORRELATION, H_TOPIC, H_MESSAGE_TYPE))
+
+
+def is_plain_publish(headers: list[tuple[str, bytes | None]] | None) -> bool:
+    """Whether a record is a publish with no expiration of its own whose envelope decodes.
+
+    The worker's fast path asks this instead of decoding the envelope. It answers True
+    only where from_headers would succeed and give command publish, no expiration, no
+    filter and no key list; anything unusual (a None value, non-ASCII text, a sequence
+    that is not plain digits) is left to from_headers, which then decides.
+    """
+    if not headers:
+        return True
+    for name, value in headers:
+        if name in _STATEFUL or value is None:
+            return False
+        if name == H_SEQUENCE:
+            if not value.isdigit():
+                return False
+        elif name in _TEXT and not value.isascii():
+            return False
+    return True
 
 
 def command_headers(

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from confluent_kafka import (
@@ -27,17 +28,18 @@ from confluent_kafka import (
 )
 
 from amps_on_kafka.config import Config
-from amps_on_kafka.errors import TransportError
-from amps_on_kafka.log.envelope import Command, dead_letter_headers
+from amps_on_kafka.errors import MessageError, TransportError
+from amps_on_kafka.log.envelope import Command, dead_letter_headers, is_plain_publish
 from amps_on_kafka.log.kafka import CONSUMER_TUNING, consume_available, log_producer
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.topics import spec_from_config
 from amps_on_kafka.processor.collections import collections_paused
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
-from amps_on_kafka.state.events import BatchApplied, CommandResult
+from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
+from amps_on_kafka.state.record import NEVER, pack_record
 from amps_on_kafka.state.sow import Applied, SowRules, fill_previous
-from amps_on_kafka.state.store import PartitionStore, StateBatch, store_path
+from amps_on_kafka.state.store import PartitionStore, Replacements, StateBatch, store_path
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,6 @@ class Worker:
             sow.topic: SowRules(sow, spec_from_config(config, config.topic(sow.topic)).codec)  # type: ignore[arg-type]
             for sow in config.sow
         }
-        self._codecs = {topic: rules.codec for topic, rules in self.rules.items()}
         self.engine = SowEngine(config, self.rules, clock)
         self.queues = (
             QueueEngine(config, bootstrap, self.state_dir, clock=clock) if config.queues else None
@@ -212,7 +213,11 @@ class Worker:
     def _open(self, topic: str, partition: int) -> PartitionStore:
         rules = self.rules[topic]
         store = PartitionStore(
-            store_path(self.state_dir, topic, partition), topic, partition, rules.codec
+            store_path(self.state_dir, topic, partition),
+            topic,
+            partition,
+            rules.codec,
+            self.config.state.write_buffer_bytes,
         )
         self._expire_store(store, rules)  # seed 000: expirations due at startup go first
         self.engine.attach(store)
@@ -227,31 +232,67 @@ class Worker:
 
     # -- applying the log -------------------------------------------------------------
     def _apply(self, records: list[Message]) -> None:
-        by_partition: dict[tuple[str, int], list[LogMessage]] = {}
-        codecs = self._codecs
+        by_partition: dict[tuple[str, int], list[Message]] = {}
         for record in records:
             if record.error():
                 self._consumer_error(record.error())
                 continue
-            topic, partition = record.topic(), record.partition()
-            batch = by_partition.get((topic, partition))
+            topic_partition = (record.topic(), record.partition())
+            batch = by_partition.get(topic_partition)
             if batch is None:
-                batch = by_partition[(topic, partition)] = []
-            batch.append(
-                LogMessage(
-                    topic,
-                    partition,
-                    record.offset(),
-                    record.timestamp()[1],
-                    record.value(),
-                    record.headers(),
-                    codecs[topic],
-                )
-            )
-        for (topic, partition), messages in by_partition.items():
+                batch = by_partition[topic_partition] = []
+            batch.append(record)
+        for (topic, partition), batch in by_partition.items():
             store = self.engine.store(topic, partition)
-            if store is not None:
-                self._apply_partition(store, self.rules[topic], messages)
+            if store is None:
+                continue
+            rules = self.rules[topic]
+            staged = self._replace_blind(store, rules, batch)
+            if staged is not None:
+                self._write_replacements(store, staged, batch[-1].offset() + 1)
+            else:
+                codec = rules.codec
+                messages = [
+                    LogMessage(topic, partition, r.offset(), r.timestamp()[1], r.value(), r, codec)
+                    for r in batch
+                ]
+                self._apply_partition(store, rules, messages)
+            self.applied += len(batch)
+
+    def _replace_blind(
+        self, store: PartitionStore, rules: SowRules, records: list[Message]
+    ) -> Replacements | None:
+        """The fast path: a batch of plain publishes where a publish replaces its record
+        unread (SowRules.blind_publishes, and no oof subscriber wants old records) is
+        staged as records to store, with no envelope, SowRecord or Change object per
+        record. Returns None unless every record is a plain publish with a valid
+        payload: then the general path applies the batch, and rejects what it must.
+        """
+        if not rules.blind_publishes or self.engine.wants_previous(rules.topic):
+            return None
+        decode, key_of = rules.codec.decode, rules.keys
+        staged = store.replacements()
+        put, pairs = staged.put, staged.pairs
+        for record in records:
+            payload = record.value()
+            if payload is None or not is_plain_publish(record.headers()):
+                return None
+            try:
+                key = key_of(decode(payload))
+            except MessageError:
+                return None
+            stored = pack_record(record.offset(), record.timestamp()[1], NEVER, payload)
+            put(key.encode(), stored)
+            pairs.append((key, stored))
+        return staged
+
+    def _write_replacements(self, store: PartitionStore, staged: Replacements, end: int) -> None:
+        applied = BatchApplied(staged.pairs, [], partial(_replaced_change, store))
+        with self.engine.lock:
+            if self.engine.wants_previous(store.topic):  # an oof subscriber came meanwhile
+                _fill_previous_from(store, applied.changes)  # before the write: old records
+            store.write_replacements(staged, end)
+            self.engine.notify(applied)
 
     def _apply_partition(
         self, store: PartitionStore, rules: SowRules, messages: list[LogMessage]
@@ -263,14 +304,10 @@ class Worker:
         for message in messages:
             rules.apply(state, message, applied)
         state.next_offset = messages[-1].offset + 1
-        self.applied += len(messages)
         self._report_rejections(applied.results, messages)  # dead letters durable first
         with self.engine.lock:
             if not previous and self.engine.wants_previous(store.topic):
-                # an oof subscriber came meanwhile: the store still holds the old records
-                keys = {change.sow_key for change in applied.changes}
-                before = {r.sow_key: r for r in store.get_many(keys)}
-                fill_previous(applied.changes, before.get)
+                _fill_previous_from(store, applied.changes)  # before the write: old records
             store.write(state)
             self.engine.notify(BatchApplied(applied.changes, applied.results))
 
@@ -334,6 +371,17 @@ class Worker:
         with self.engine.lock:
             store.write(state)
             self.engine.notify(BatchApplied(changes, []))
+
+
+def _replaced_change(store: PartitionStore, sow_key: str, stored: bytes) -> Change:
+    return Change(store.topic, sow_key, ChangeKind.UPSERT, None, store.record_of(sow_key, stored))
+
+
+def _fill_previous_from(store: PartitionStore, changes: list[Change]) -> None:
+    """Give a batch applied blind the old records an oof subscriber needs, reading what
+    the store holds before the batch: call it before the batch is written."""
+    before = {r.sow_key: r for r in store.get_many({change.sow_key for change in changes})}
+    fill_previous(changes, before.get)
 
 
 def _keys_to_read(rules: SowRules, messages: list[LogMessage], previous: bool) -> list[str]:

@@ -65,7 +65,7 @@ class Fanout:
     def _deliver(self, number: int, applied: BatchApplied) -> None:
         if applied.results:
             self.deletes.apply(applied.results)
-        if not applied.changes or not self._sinks:
+        if not self._sinks or not applied.changes:  # unread, a blind batch stays unbuilt
             return
         by_topic: dict[str, list[Change]] = defaultdict(list)
         for change in applied.changes:

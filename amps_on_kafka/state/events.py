@@ -7,6 +7,8 @@ thread while it holds the engine lock, so they must only hand work off, never bl
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -43,7 +45,37 @@ class CommandResult:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+Replaced = tuple[str, bytes]  # a publish applied blind: its sow key and its record as stored
+
+
 class BatchApplied:
-    changes: list[Change]
-    results: list[CommandResult]
+    """One durable batch: its changes, in log order, and its command results.
+
+    A batch of plain publishes applied blind lists each as a Replaced pair, and the
+    pairs become Change objects only when a listener first reads `changes`: with no
+    subscriber, a batch costs no object per record. The first read may come from any
+    thread (the gateway reads on its event loop), so building them takes a lock.
+    """
+
+    __slots__ = ("_build", "_changes", "_lock", "results")
+
+    def __init__(
+        self,
+        changes: list[Change] | list[Replaced],
+        results: list[CommandResult],
+        build: Callable[[str, bytes], Change] | None = None,
+    ) -> None:
+        self._changes = changes
+        self._build = build  # set when `changes` holds Replaced pairs
+        self._lock = threading.Lock()
+        self.results = results
+
+    @property
+    def changes(self) -> list[Change]:
+        if self._build is not None:
+            with self._lock:
+                if self._build is not None:
+                    build = self._build
+                    self._changes = [build(key, stored) for key, stored in self._changes]
+                    self._build = None
+        return self._changes  # type: ignore[return-value]

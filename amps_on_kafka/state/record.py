@@ -17,6 +17,11 @@ _HEADER = struct.Struct(">qqq")  # offset, timestamp ms, deadline ms (0 = never)
 NEVER = 0
 
 
+def pack_record(offset: int, timestamp: int, deadline: int, payload: bytes) -> bytes:
+    """A record as stored, built without a SowRecord where nothing else needs one."""
+    return _HEADER.pack(offset, timestamp, deadline) + payload
+
+
 @dataclass(slots=True)
 class SowRecord:
     """The latest state of one SOW key in one partition of a topic."""
@@ -51,7 +56,7 @@ class SowRecord:
         return self.deadline != NEVER and self.deadline <= millis
 
     def encode(self) -> bytes:
-        return _HEADER.pack(self.offset, self.timestamp, self.deadline) + self.payload
+        return pack_record(self.offset, self.timestamp, self.deadline, self.payload)
 
     @classmethod
     def decode(

@@ -72,6 +72,10 @@ class SowRules:
         self.key_from_publish = sow.key_from_publish
         self.expiring = sow.expiration.mode != "disabled"
         self.default_expiration = sow.expiration.default_seconds
+        # A plain publish then stores its payload under the key from its data, with no
+        # deadline, whatever the old record was: the worker may apply such a batch
+        # without reading anything (Worker._replace_blind).
+        self.blind_publishes = not self.expiring and not self.key_from_publish
 
     # -- expiration (seed 000) ------------------------------------------------------
     def deadline(self, timestamp: int, expiration: float | None) -> int:

@@ -2,9 +2,14 @@
 
 Column families: `sow` (sow key → record), `expiry` (deadline + sow key → nothing, so a
 sweep reads only what is due, in deadline order) and `meta` (the next offset to consume).
-State and offset are written in ONE WriteBatch: after a crash the store holds exactly
-the effect of the records before its offset, so the worker resumes there with no loss
-and no double-applied delta.
+State and offset are written in ONE WriteBatch, so the store always holds exactly the
+effect of the records before its offset, and the worker resumes there with no loss and
+no double-applied delta.
+
+RocksDB's write-ahead log is off: the Kafka log is the log. A crash loses what was
+written since the last memtable flush, state and offset alike (atomic_flush flushes
+every column family together), and the worker re-applies those records from the
+offset that did reach disk. A clean close flushes everything.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.state.events import Replaced
 from amps_on_kafka.state.record import NEVER, SowRecord
 
 COLUMN_FAMILIES = ("sow", "expiry", "meta")
@@ -25,12 +31,26 @@ _UNREAD = object()
 _DEADLINE = struct.Struct(">q")
 
 
-def _options() -> Options:
+DEFAULT_WRITE_BUFFER = 64 * 1024 * 1024  # RocksDB's own default
+
+
+def _column_options(write_buffer_bytes: int) -> Options:
     options = Options(raw_mode=True)
+    options.set_write_buffer_size(write_buffer_bytes)
+    return options
+
+
+def _options(write_buffer_bytes: int) -> Options:
+    options = _column_options(write_buffer_bytes)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.increase_parallelism(2)
+    options.set_atomic_flush(True)  # every column family reaches disk in the same flush
     return options
+
+
+_NO_WAL = WriteOptions()
+_NO_WAL.disable_wal = True
 
 
 def store_path(state_dir: Path, topic: str, partition: int) -> Path:
@@ -80,17 +100,41 @@ class StateBatch:
                 yield record
 
 
+class Replacements:
+    """Records replaced blind (SowRules.blind_publishes), staged as they are made.
+
+    `put(raw key, record as stored)` writes straight into the WriteBatch, and `pairs`
+    keeps (key, record as stored) for the listeners: a batch of publishes costs no
+    object per record beyond those. Nothing is read, so a replaced record's old expiry
+    entry stays behind, as for any blind write (see StateBatch); a key replaced twice
+    keeps the later record.
+    """
+
+    def __init__(self, sow: ColumnFamily) -> None:
+        self.writes = WriteBatch(raw_mode=True)
+        self.writes.set_default_column_family(sow)
+        self.put = self.writes.put
+        self.pairs: list[Replaced] = []
+
+
 class PartitionStore:
     """The state of one partition of one SOW topic."""
 
-    def __init__(self, path: Path, topic: str, partition: int, codec: Codec | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        topic: str,
+        partition: int,
+        codec: Codec | None = None,
+        write_buffer_bytes: int = DEFAULT_WRITE_BUFFER,
+    ) -> None:
         self.path = Path(path)
         self.topic = topic
         self.partition = partition
         self.codec = codec
         self.path.mkdir(parents=True, exist_ok=True)
-        cf_options = {name: Options(raw_mode=True) for name in COLUMN_FAMILIES}
-        self._db = Rdict(str(self.path), _options(), column_families=cf_options)
+        cf_options = {name: _column_options(write_buffer_bytes) for name in COLUMN_FAMILIES}
+        self._db = Rdict(str(self.path), _options(write_buffer_bytes), column_families=cf_options)
         self._sow = self._db.get_column_family("sow")
         self._expiry = self._db.get_column_family("expiry")
         self._meta = self._db.get_column_family("meta")
@@ -151,13 +195,16 @@ class PartitionStore:
             return _DEADLINE.unpack_from(entry)[0]
         return None
 
+    def record_of(self, sow_key: str, stored: bytes) -> SowRecord:
+        return self._record(sow_key.encode(), stored)
+
     def _record(self, key: bytes, raw: bytes) -> SowRecord:
         return SowRecord.decode(self.topic, self.partition, key, raw, self.codec)
 
     # -- writing ---------------------------------------------------------------------
     def write(self, batch: StateBatch) -> None:
         """Apply a batch and its offset atomically (one WriteBatch)."""
-        sow, expiry, meta = self._handles["sow"], self._handles["expiry"], self._handles["meta"]
+        sow, expiry = self._handles["sow"], self._handles["expiry"]
         writes = WriteBatch(raw_mode=True)
         stored = batch.stored
         for key, after in batch.records.items():
@@ -175,9 +222,19 @@ class PartitionStore:
                 writes.put(_expiry_key(after.deadline, raw_key), b"", expiry)
         for entry in batch.swept:
             writes.delete(entry, expiry)
-        if batch.next_offset is not None:
-            writes.put(_OFFSET_KEY, _DEADLINE.pack(batch.next_offset), meta)
-        self._db.write(writes)
+        self._commit(writes, batch.next_offset)
+
+    def replacements(self) -> Replacements:
+        return Replacements(self._handles["sow"])
+
+    def write_replacements(self, staged: Replacements, next_offset: int) -> None:
+        """Records replaced blind and the offset after them, in one WriteBatch."""
+        self._commit(staged.writes, next_offset)
+
+    def _commit(self, writes: WriteBatch, next_offset: int | None) -> None:
+        if next_offset is not None:
+            writes.put(_OFFSET_KEY, _DEADLINE.pack(next_offset), self._handles["meta"])
+        self._db.write(writes, _NO_WAL)
 
     def close(self) -> None:
         del self._sow, self._expiry, self._meta, self._handles

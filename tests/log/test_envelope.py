@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amps_on_kafka.errors import MessageError
-from amps_on_kafka.log.envelope import Command, Envelope
+from amps_on_kafka.log.envelope import Command, Envelope, is_plain_publish
 
 text = st.text(min_size=1, max_size=40)
 envelopes = st.builds(
@@ -73,3 +73,42 @@ def test_a_corrupt_header_is_a_message_error_naming_it(name, value, complaint):
 def test_arbitrary_headers_never_crash_the_decoder(headers):
     with contextlib.suppress(MessageError):
         Envelope.from_headers(headers)
+
+
+header_names = st.sampled_from(["c", "t", "k", "e", "p", "s", "x", "m", "f", "ks", "z"])
+header_values = st.none() | st.binary(max_size=12) | st.integers(-5, 10**6).map(b"%d".__mod__)
+
+
+@given(st.none() | st.lists(st.tuples(header_names, header_values), max_size=6))
+def test_a_record_called_a_plain_publish_decodes_to_one(headers):
+    """is_plain_publish is the worker's shortcut past from_headers: never wrong when yes."""
+    if not is_plain_publish(headers):
+        return
+    envelope = Envelope.from_headers(headers)
+    assert envelope.command is Command.PUBLISH
+    assert (envelope.expiration, envelope.filter, envelope.sow_keys) == (None, None, None)
+
+
+@given(envelopes.filter(lambda e: e.command is Command.PUBLISH and e.expiration is None))
+def test_what_publishers_write_for_a_plain_publish_is_recognised(envelope):
+    envelope.filter = envelope.sow_keys = None
+    ascii_only = all(
+        v is None or v.isascii()
+        for v in (envelope.topic, envelope.sow_key, envelope.publisher_id, envelope.correlation_id)
+    )
+    assert is_plain_publish(envelope.to_headers()) is ascii_only
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("c", b"delta_publish")],
+        [("e", b"30")],
+        [("s", b"-1")],
+        [("s", b"seven")],
+        [("p", "é".encode())],
+        [("k", None)],
+    ],
+)
+def test_anything_unusual_is_left_to_the_full_decoder(headers):
+    assert not is_plain_publish(headers)
