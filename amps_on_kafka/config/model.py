@@ -105,9 +105,11 @@ class GatewayConfig(_Strict):
 
 class StateConfig(_Strict):
     """The worker's RocksDB stores. Their write-ahead log is off (the Kafka log is the
-    log), so a memtable's size is also how much a crash can make the worker re-apply."""
+    log): what a crash makes the worker re-apply is what was written since the last
+    flush, which comes when a memtable fills or FlushEvery has passed."""
 
     write_buffer_bytes: int = Field(64 * 1024 * 1024, alias="WriteBufferBytes", ge=64 * 1024)
+    flush_every: Seconds = Field(30.0, alias="FlushEvery", gt=0)
 
 
 Semantics = Literal["at-least-once", "at-most-once"]

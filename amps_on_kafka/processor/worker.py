@@ -83,6 +83,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._dead_letters = None
         self._failure: BaseException | None = None
+        self._next_flush = time.monotonic() + config.state.flush_every
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -174,6 +175,7 @@ class Worker:
                         self._apply(records)
                     del records
                     self._expire_due()
+                self._flush_due()
         finally:
             consumer.close()  # revokes, which closes every store
             if self._dead_letters is not None:
@@ -351,6 +353,16 @@ class Worker:
         if next_due is None:
             return MAX_IDLE_WAIT
         return max(0.0, min(MAX_IDLE_WAIT, (next_due - self.clock()) / 1000))
+
+    def _flush_due(self) -> None:
+        """Every State.FlushEvery, put the stores on disk (see state/store.py): a crash
+        then re-applies at most that much of the log, which retention still holds."""
+        now = time.monotonic()
+        if now < self._next_flush:
+            return
+        self._next_flush = now + self.config.state.flush_every
+        for store in self.engine.stores():
+            store.flush()
 
     def _expire_due(self) -> None:
         for store in self.engine.stores():

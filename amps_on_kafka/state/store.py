@@ -7,9 +7,11 @@ effect of the records before its offset, and the worker resumes there with no lo
 no double-applied delta.
 
 RocksDB's write-ahead log is off: the Kafka log is the log. A crash loses what was
-written since the last memtable flush, state and offset alike (atomic_flush flushes
-every column family together), and the worker re-applies those records from the
-offset that did reach disk. A clean close flushes everything.
+written since the last flush, state and offset alike (atomic_flush flushes every column
+family together), and the worker re-applies those records from the offset that did
+reach disk. RocksDB flushes when a memtable fills; the worker also calls flush() every
+State.FlushEvery, so the records to re-apply are always recent enough for the log's
+retention to still hold them. A clean close flushes everything.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class PartitionStore:
         self._expiry = self._db.get_column_family("expiry")
         self._meta = self._db.get_column_family("meta")
         self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+        self._unflushed = False  # written since the last flush()
 
     # -- reading ---------------------------------------------------------------------
     def next_offset(self) -> int | None:
@@ -235,6 +238,19 @@ class PartitionStore:
         if next_offset is not None:
             writes.put(_OFFSET_KEY, _DEADLINE.pack(next_offset), self._handles["meta"])
         self._db.write(writes, _NO_WAL)
+        self._unflushed = True
+
+    def flush(self) -> None:
+        """Put everything written so far on disk, every column family at the same point.
+
+        rocksdict flushes one column family at a time, which would let the state and
+        its offset reach disk at different points. A manual compaction flushes all of
+        them in one atomic flush when atomic_flush is set; it is asked of `meta`, which
+        holds one key, so the compaction itself costs nothing.
+        """
+        if self._unflushed:
+            self._meta.compact_range(None, None)
+            self._unflushed = False
 
     def close(self) -> None:
         del self._sow, self._expiry, self._meta, self._handles

@@ -42,6 +42,7 @@ def test_the_shipped_example_loads():
         ("Topics:\n  - Name: o\nSOW:\n  - Topic: p\n    Key: /id\n", "SOW topic 'p'"),
         ("Topics:\n  - Name: o\n    MessageType: avro\n", "needs a Schema"),
         ("State:\n  WriteBufferBytes: 1000\n", "State.WriteBufferBytes"),
+        ("State:\n  FlushEvery: soon\n", "State.FlushEvery"),
         ("Topics: [\n", "not valid YAML"),
         ("- just a list\n", "top level must be a mapping"),
     ],

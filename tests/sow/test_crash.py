@@ -17,20 +17,18 @@ from tests.sow.conftest import wait_caught_up
 from tests.sow.test_worker import reference_sow
 
 ROOT = Path(__file__).parents[2]
-PAD = "x" * 400
 MAX_STORM = 200_000
 
 
 def storm(publisher, topic: str, stop: threading.Event, worker: subprocess.Popen) -> None:
     """Publishes and deltas whose order matters, until told to stop: a doubled or lost
-    delta changes the end. The padding fills the worker's small memtables quickly. If
-    the storm runs its course without being stopped, it kills the worker itself, so the
-    test fails instead of waiting forever for another line from it."""
+    delta changes the end. If the storm runs its course without being stopped, it kills
+    the worker itself, so the test fails instead of waiting forever for another line."""
     for i in range(MAX_STORM):
         if stop.is_set():
             break
         if i % 4 == 0:
-            publisher.publish(topic, {"id": i % 40, "base": i, "pad": PAD})
+            publisher.publish(topic, {"id": i % 40, "base": i})
         else:
             publisher.delta_publish(topic, {"id": i % 40, f"f{i % 5}": i, "last": i})
         if i % 500 == 499:
@@ -41,8 +39,8 @@ def storm(publisher, topic: str, stop: threading.Event, worker: subprocess.Popen
 
 
 def flushed(state: Path) -> bool:
-    """Whether every partition's store has written a table file: a memtable flush
-    completed, so some state and its offsets survive a kill."""
+    """Whether every partition's store has written a table file: a flush completed, so
+    some state and its offsets survive a kill."""
     stores = [path for path in state.glob("*/*") if path.is_dir()]
     return len(stores) == 2 and all(any(store.glob("*.sst")) for store in stores)
 
@@ -51,13 +49,13 @@ def test_sigkill_mid_storm_then_restart_gives_the_replayed_sow(
     bootstrap, sow_topic, publisher, start_worker, tmp_path
 ):
     """The stores keep no write-ahead log: the kill loses what was applied since their
-    last flush, state and offsets alike, and the restart re-applies it from the log.
-    Small memtables make them flush every few hundred records, so the restart resumes
-    from stored offsets mid-storm rather than rebuilding."""
+    last flush, state and offsets alike, and the restart re-applies it from the log. A
+    short FlushEvery makes them flush during the storm, so the restart resumes from
+    stored offsets mid-storm rather than rebuilding."""
     config = {
         "Topics": [{"Name": sow_topic, "Partitions": 2}],
         "SOW": [{"Topic": sow_topic, "Key": "/id"}],
-        "State": {"WriteBufferBytes": 64 * 1024},
+        "State": {"FlushEvery": "100ms"},
     }
     config_file = tmp_path / "worker.yaml"
     config_file.write_text(yaml.safe_dump(config))
