@@ -103,12 +103,19 @@ class GatewayConfig(_Strict):
     max_frame_bytes: int = Field(4 * 1024 * 1024, alias="MaxFrameBytes", ge=1024)
 
 
+# Kafka Streams' default for its RocksDB stores. RocksDB's own 64 MiB applied the SOW
+# benchmark about 10% slower: inserts into a smaller memtable stay in the CPU caches.
+DEFAULT_WRITE_BUFFER_BYTES = 16 * 1024 * 1024
+
+
 class StateConfig(_Strict):
     """The worker's RocksDB stores. Their write-ahead log is off (the Kafka log is the
     log): what a crash makes the worker re-apply is what was written since the last
     flush, which comes when a memtable fills or FlushEvery has passed."""
 
-    write_buffer_bytes: int = Field(64 * 1024 * 1024, alias="WriteBufferBytes", ge=64 * 1024)
+    write_buffer_bytes: int = Field(
+        DEFAULT_WRITE_BUFFER_BYTES, alias="WriteBufferBytes", ge=64 * 1024
+    )
     flush_every: Seconds = Field(30.0, alias="FlushEvery", gt=0)
 
 

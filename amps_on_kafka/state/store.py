@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
+from amps_on_kafka.config.model import DEFAULT_WRITE_BUFFER_BYTES
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.state.events import Replaced
 from amps_on_kafka.state.record import NEVER, SowRecord
@@ -33,12 +34,10 @@ _UNREAD = object()
 _DEADLINE = struct.Struct(">q")
 
 
-DEFAULT_WRITE_BUFFER = 64 * 1024 * 1024  # RocksDB's own default
-
-
 def _column_options(write_buffer_bytes: int) -> Options:
     options = Options(raw_mode=True)
     options.set_write_buffer_size(write_buffer_bytes)
+    options.set_max_write_buffer_number(3)  # as Kafka Streams: a slow flush stalls no write
     return options
 
 
@@ -128,7 +127,7 @@ class PartitionStore:
         topic: str,
         partition: int,
         codec: Codec | None = None,
-        write_buffer_bytes: int = DEFAULT_WRITE_BUFFER,
+        write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES,
     ) -> None:
         self.path = Path(path)
         self.topic = topic

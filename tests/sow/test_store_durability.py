@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from amps_on_kafka.state.store import DEFAULT_WRITE_BUFFER, PartitionStore
+from amps_on_kafka.config.model import DEFAULT_WRITE_BUFFER_BYTES
+from amps_on_kafka.state.store import PartitionStore
 from tests.sow.store_process import BATCH
 
 ROOT = Path(__file__).parents[2]
@@ -37,7 +38,7 @@ def reopened(path: Path) -> tuple[int | None, int]:
     ids=["never flushed: nothing kept", "flushed after 3 of 5: those 3 kept"],
 )
 def test_a_crash_keeps_state_and_offset_of_the_last_flush(tmp_path, flush_after, kept):
-    crash_after_writing(tmp_path / "s", 5, flush_after, DEFAULT_WRITE_BUFFER)
+    crash_after_writing(tmp_path / "s", 5, flush_after, DEFAULT_WRITE_BUFFER_BYTES)
     assert reopened(tmp_path / "s") == kept
 
 
