@@ -36,6 +36,7 @@ def test_sigterm_stops_the_worker_with_every_applied_record_on_disk(
     state = tmp_path / "state"
     command = [sys.executable, "-m", "amps_on_kafka.cli", "worker", "--config", str(config)]
     command += ["--state-dir", str(state), "--listen", "127.0.0.1:0", "-b", bootstrap]
+    command += ["--log-level", "WARNING"]  # the test stops reading stderr once ready
     process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         address = next(
