@@ -52,8 +52,6 @@ class KeyExtractor:
     def __call__(self, data: Any) -> str:
         if self._single is not None:  # the common case: one top-level field
             value = data.get(self._single) if type(data) is dict else None
-            if type(value) is int:  # the commonest keys first: one call per record
-                return str(value)
             if value is None or value == "":
                 raise MessageError(f"message has no value for the SOW key field {self.paths[0]}")
             return value if type(value) is str else key_text(value)

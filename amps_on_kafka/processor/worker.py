@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -234,16 +235,12 @@ class Worker:
 
     # -- applying the log -------------------------------------------------------------
     def _apply(self, records: list[Message]) -> None:
-        by_partition: dict[tuple[str, int], list[Message]] = {}
+        by_partition: dict[tuple[str, int], list[Message]] = defaultdict(list)
         for record in records:
             if record.error():
                 self._consumer_error(record.error())
                 continue
-            topic_partition = (record.topic(), record.partition())
-            batch = by_partition.get(topic_partition)
-            if batch is None:
-                batch = by_partition[topic_partition] = []
-            batch.append(record)
+            by_partition[(record.topic(), record.partition())].append(record)
         for (topic, partition), batch in by_partition.items():
             store = self.engine.store(topic, partition)
             if store is None:
@@ -289,12 +286,9 @@ class Worker:
         return staged
 
     def _write_replacements(self, store: PartitionStore, staged: Replacements, end: int) -> None:
-        applied = BatchApplied(staged.pairs, [], partial(_replaced_change, store))
-        with self.engine.lock:
-            if self.engine.wants_previous(store.topic):  # an oof subscriber came meanwhile
-                _fill_previous_from(store, applied.changes)  # before the write: old records
-            store.write_replacements(staged, end)
-            self.engine.notify(applied)
+        write = partial(store.write_replacements, staged, end)
+        changes = BatchApplied(staged.pairs, [], partial(_replaced_change, store))
+        self._commit(store, write, changes, blind=True)
 
     def _apply_partition(
         self, store: PartitionStore, rules: SowRules, messages: list[LogMessage]
@@ -307,11 +301,20 @@ class Worker:
             rules.apply(state, message, applied)
         state.next_offset = messages[-1].offset + 1
         self._report_rejections(applied.results, messages)  # dead letters durable first
+        changes = BatchApplied(applied.changes, applied.results)
+        self._commit(store, partial(store.write, state), changes, blind=not previous)
+
+    def _commit(
+        self, store: PartitionStore, write: Callable[[], None], applied: BatchApplied, blind: bool
+    ) -> None:
+        """Write a batch and tell the listeners, under the engine lock. A batch computed
+        `blind` (without old records) that meets an oof subscription which came meanwhile
+        is given them from the store first, before the write replaces them."""
         with self.engine.lock:
-            if not previous and self.engine.wants_previous(store.topic):
-                _fill_previous_from(store, applied.changes)  # before the write: old records
-            store.write(state)
-            self.engine.notify(BatchApplied(applied.changes, applied.results))
+            if blind and self.engine.wants_previous(store.topic):
+                _fill_previous_from(store, applied.changes)
+            write()
+            self.engine.notify(applied)
 
     def _report_rejections(self, results: list[CommandResult], messages: list[LogMessage]) -> None:
         rejected = [r for r in results if r.error is not None]
@@ -380,9 +383,7 @@ class Worker:
         state.prefetch(keys)
         state.swept = due
         changes = [c for c in (rules.expire(state, key, now) for key in keys) if c is not None]
-        with self.engine.lock:
-            store.write(state)
-            self.engine.notify(BatchApplied(changes, []))
+        self._commit(store, partial(store.write, state), BatchApplied(changes, []), blind=False)
 
 
 def _replaced_change(store: PartitionStore, sow_key: str, stored: bytes) -> Change:
@@ -390,8 +391,8 @@ def _replaced_change(store: PartitionStore, sow_key: str, stored: bytes) -> Chan
 
 
 def _fill_previous_from(store: PartitionStore, changes: list[Change]) -> None:
-    """Give a batch applied blind the old records an oof subscriber needs, reading what
-    the store holds before the batch: call it before the batch is written."""
+    """The old records an oof subscriber needs, from what the store holds before the
+    batch is written."""
     before = {r.sow_key: r for r in store.get_many({change.sow_key for change in changes})}
     fill_previous(changes, before.get)
 
