@@ -29,7 +29,7 @@ from amps_on_kafka.errors import MessageError, PublishError, ServerError, Transp
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.message import COMPLETED, Completed
 from amps_on_kafka.log.publisher import FailedWrite
-from amps_on_kafka.server.frames import Frame, FrameDecoder, encode_frame
+from amps_on_kafka.server.frames import READ_SIZE, Frame, FrameDecoder, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ COMMAND_TIMEOUT = 30.0  # seconds to wait for the gateway to answer a command
 CONNECT_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 10.0
 DEFAULT_BATCH = 100
-READ_SIZE = 256 * 1024
 MAX_INBOUND_FRAME = 1 << 30  # the gateway bounds its frames; this only guards the decoder
 MAX_OUTBOX = 16 * 1024 * 1024  # bytes queued for the socket before publishers wait
 MAX_PARTITIONS = 10_000  # a delete by filter writes one record per partition, at most this
@@ -48,11 +47,13 @@ Item = Message | Completed
 
 
 class Outbox:
-    """Frames waiting for the socket, sent by one writer thread.
+    """Frames for the socket, in order.
 
-    While the writer is in sendall, frames queue up and go in its next call: under load
-    many publishes share one system call, alone each goes at once. A publisher that
-    outruns the gateway blocks once MAX_OUTBOX bytes wait, instead of filling memory.
+    A thread that finds the socket idle writes its frame itself: a lone command or batch
+    of acks costs no thread switch. Frames put while a write is under way queue up and
+    the writer thread sends them together, so busy publishers share system calls. A
+    publisher that outruns the gateway blocks once MAX_OUTBOX bytes wait, instead of
+    filling memory.
     """
 
     def __init__(self, sock: socket.socket, on_error: Callable[[str], None]) -> None:
@@ -60,6 +61,7 @@ class Outbox:
         self._on_error = on_error
         self._frames: list[bytes] = []
         self._bytes = 0
+        self._writing = False  # some thread is in sendall
         self._closing = False
         self._failed = False
         self._changed = threading.Condition()
@@ -67,7 +69,7 @@ class Outbox:
         self._thread.start()
 
     def put(self, frame: bytes) -> bool:
-        """Queue a frame; False once the socket failed or the outbox closed."""
+        """Send or queue a frame; False once the socket failed or the outbox closed."""
         with self._changed:
             while self._bytes > MAX_OUTBOX and not (self._failed or self._closing):
                 self._changed.wait()
@@ -75,9 +77,10 @@ class Outbox:
                 return False
             self._frames.append(frame)
             self._bytes += len(frame)
-            if len(self._frames) == 1:
-                self._changed.notify_all()
-        return True
+            if self._writing:
+                return True  # the writer thread sends it after the write under way
+            frames = self._take()
+        return self._send(frames)
 
     def close(self, timeout: float) -> None:
         """Send what is queued, then stop the writer."""
@@ -89,20 +92,36 @@ class Outbox:
     def _write(self) -> None:
         while True:
             with self._changed:
-                while not self._frames and not self._closing:
+                while not (self._closing or self._frames) or self._writing:
                     self._changed.wait()
                 if not self._frames:
                     return
-                frames, self._frames, self._bytes = self._frames, [], 0
-                self._changed.notify_all()  # room again for blocked publishers
-            try:
-                self._sock.sendall(b"".join(frames))
-            except OSError as exc:
-                with self._changed:
-                    self._failed = True
-                    self._changed.notify_all()
-                self._on_error(f"sending to the gateway failed: {exc}")
+                frames = self._take()
+            if not self._send(frames):
                 return
+
+    def _take(self) -> list[bytes]:
+        """Under the lock: the frames to write now; the caller becomes the writer."""
+        if self._bytes > MAX_OUTBOX:
+            self._changed.notify_all()  # room again for blocked publishers
+        frames, self._frames, self._bytes = self._frames, [], 0
+        self._writing = True
+        return frames
+
+    def _send(self, frames: list[bytes]) -> bool:
+        try:
+            self._sock.sendall(b"".join(frames))
+        except OSError as exc:
+            with self._changed:
+                self._failed, self._writing = True, False
+                self._changed.notify_all()
+            self._on_error(f"sending to the gateway failed: {exc}")
+            return False
+        with self._changed:
+            self._writing = False
+            if self._frames or self._closing:
+                self._changed.notify_all()  # the writer thread takes what queued meanwhile
+        return True
 
 
 class TcpTransport:

@@ -24,6 +24,7 @@ from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.server.fanout import Fanout
+from amps_on_kafka.server.frames import READ_SIZE
 from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump
 from amps_on_kafka.server.queues import QueueService
 from amps_on_kafka.server.session import Session
@@ -120,6 +121,8 @@ class Gateway:
 
     # -- the event loop -----------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # asyncio reads max_size bytes per recv (256 KiB): see READ_SIZE for why not that
+        writer.transport.max_size = READ_SIZE  # type: ignore[attr-defined]
         session = Session(self, reader, writer)
         self._sessions.add(session)
         await session.run()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.server import publishing, queries, queues, subscriptions
-from amps_on_kafka.server.frames import BadFrame, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.server.frames import READ_SIZE, BadFrame, Frame, FrameDecoder, encode_frame
 from amps_on_kafka.server.publishing import Writes
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.requests import ProtocolError, Request, acks, text
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from amps_on_kafka.server.gateway import Gateway
 
 log = logging.getLogger(__name__)
-
-READ_SIZE = 256 * 1024
 
 Handler = Callable[["Session", Request], Awaitable[None]]
 

@@ -1,0 +1,153 @@
+"""The tcp:// client's write path: the Outbox (socket writes) and the AckBatcher (acks)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from amps_on_kafka.client import acks as acks_module
+from amps_on_kafka.client import tcp_transport
+from amps_on_kafka.client.acks import AckBatcher
+from amps_on_kafka.client.tcp_transport import Outbox
+
+WAIT = 10.0  # seconds an event that must happen may take
+
+
+def read_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks, got = [], 0
+    while got < size:
+        chunk = sock.recv(size - got)
+        assert chunk, "the writer closed early"
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+@pytest.fixture
+def pair():
+    ours, peer = socket.socketpair()
+    yield ours, peer
+    ours.close()
+    peer.close()
+
+
+def test_frames_from_many_threads_arrive_whole_and_in_each_threads_order(pair):
+    ours, peer = pair
+    errors: list[str] = []
+    outbox = Outbox(ours, errors.append)
+    threads, per_thread = 4, 500
+
+    def put_all(thread: int) -> None:
+        for number in range(per_thread):
+            assert outbox.put(f"{thread}:{number:04d};".encode())
+
+    workers = [threading.Thread(target=put_all, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    data = read_exactly(peer, threads * per_thread * len(b"0:0000;"))
+    for worker in workers:
+        worker.join()
+    outbox.close(WAIT)
+    seen: dict[str, list[int]] = {}
+    for item in data.decode().rstrip(";").split(";"):
+        thread, number = item.split(":")
+        seen.setdefault(thread, []).append(int(number))
+    assert seen == {str(t): list(range(per_thread)) for t in range(threads)}
+    assert errors == []
+
+
+def test_publishers_wait_while_the_peer_reads_nothing_and_queue_at_most_max_outbox(
+    pair, monkeypatch
+):
+    ours, peer = pair
+    monkeypatch.setattr(tcp_transport, "MAX_OUTBOX", 64 * 1024)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    outbox = Outbox(ours, lambda reason: None)
+    frame, frames = b"x" * 8192, 100  # per publisher: far more than socket and outbox hold
+    finished = [threading.Event(), threading.Event()]
+
+    def publish(done: threading.Event) -> None:
+        for _ in range(frames):
+            assert outbox.put(frame)
+        done.set()
+
+    publishers = [threading.Thread(target=publish, args=(done,)) for done in finished]
+    for publisher in publishers:
+        publisher.start()
+    assert not finished[0].wait(0.5), "the frames fitted without the peer reading"
+    assert not finished[1].is_set()
+    assert outbox._bytes <= tcp_transport.MAX_OUTBOX + len(frame)  # memory stays bounded
+    read_exactly(peer, 2 * frames * len(frame))  # reading lets every frame through
+    assert all(done.wait(WAIT) for done in finished)
+    for publisher in publishers:
+        publisher.join()
+    outbox.close(WAIT)
+
+
+def test_a_write_to_a_closed_peer_is_refused_and_reported(pair):
+    ours, peer = pair
+    errors: list[str] = []
+    outbox = Outbox(ours, errors.append)
+    peer.close()
+    results = [outbox.put(b"frame") for _ in range(3)]
+    assert results[-1] is False
+    assert errors and errors[0].startswith("sending to the gateway failed")
+    outbox.close(WAIT)
+
+
+class Sent:
+    """What an AckBatcher sent, with an event per sow_delete."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict] = []
+        self.arrived = threading.Semaphore(0)
+        self._taken = 0
+
+    def __call__(self, header: dict) -> None:
+        self.headers.append(header)
+        self.arrived.release()
+
+    def next(self) -> dict:
+        assert self.arrived.acquire(timeout=WAIT), "no sow_delete was sent"
+        self._taken += 1
+        return self.headers[self._taken - 1]
+
+
+def test_a_full_batch_goes_at_once_as_one_comma_separated_sow_delete():
+    sent = Sent()
+    batcher = AckBatcher(sent, batch_size=3, timeout=60)
+    for bookmark in ("q|0|1|", "q|0|2|", "q|0|3|"):
+        batcher.add("q", bookmark)
+    assert sent.headers == [{"c": "sow_delete", "t": "q", "bm": "q|0|1|,q|0|2|,q|0|3|"}]
+    batcher.close()
+
+
+def test_a_partial_batch_goes_once_its_timeout_passes():
+    sent = Sent()
+    batcher = AckBatcher(sent, batch_size=100, timeout=0.01)
+    batcher.add("q", "q|0|1|")
+    batcher.add("q", "q|0|2|", "cancel")
+    first, second = sent.next(), sent.next()
+    assert {first["bm"], second["bm"]} == {"q|0|1|", "q|0|2|"}
+    assert [h.get("o") for h in (first, second) if h["bm"] == "q|0|2|"] == ["cancel"]
+    batcher.close()
+
+
+def test_the_timer_still_sends_after_it_went_idle(monkeypatch):
+    monkeypatch.setattr(acks_module, "LINGER", 0.0)  # idle as soon as a batch is sent
+    sent = Sent()
+    batcher = AckBatcher(sent, batch_size=100, timeout=0.01)
+    for number in range(3):
+        batcher.add("q", f"q|0|{number}|")
+        assert sent.next()["bm"] == f"q|0|{number}|"
+    batcher.close()
+
+
+def test_close_sends_what_waits():
+    sent = Sent()
+    batcher = AckBatcher(sent, batch_size=100, timeout=60)
+    batcher.add("q", "q|0|7|")
+    batcher.close()
+    assert sent.headers == [{"c": "sow_delete", "t": "q", "bm": "q|0|7|"}]
