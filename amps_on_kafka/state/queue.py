@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -192,7 +192,6 @@ class QueueEntry:
     status: Status = Status.WAITING
     holder: Subscription | None = None
     lease_until: int = 0
-    lease_no: int = 0
     _data: Any = None
 
     @property
@@ -260,6 +259,42 @@ class RecoveryPoint:
     events: int
 
 
+class ReadyQueue:
+    """The messages available for delivery, in delivery order: highest rank, then oldest.
+
+    Messages mostly become available in that order (they arrive oldest first, and
+    without Priority every rank is 0), so those wait in a deque at O(1) a message; only
+    the ones out of order (a lease that ended, a cancel, a higher priority) go through
+    a heap. `pop` takes the first of the two.
+    """
+
+    __slots__ = ("_in_order", "_others")
+
+    def __init__(self) -> None:
+        self._in_order: deque[QueueEntry] = deque()
+        self._others: list[tuple[int, int, QueueEntry]] = []  # heap of (-rank, seq, entry)
+
+    def __bool__(self) -> bool:
+        return bool(self._in_order or self._others)
+
+    def push(self, entry: QueueEntry) -> None:
+        in_order = self._in_order
+        if not in_order or _order(in_order[-1]) < _order(entry):
+            in_order.append(entry)
+        else:
+            heapq.heappush(self._others, (-entry.rank, entry.seq, entry))
+
+    def pop(self) -> QueueEntry:
+        in_order, others = self._in_order, self._others
+        if others and (not in_order or others[0][:2] < _order(in_order[0])):
+            return heapq.heappop(others)[2]
+        return in_order.popleft()
+
+
+def _order(entry: QueueEntry) -> tuple[int, int]:
+    return (-entry.rank, entry.seq)
+
+
 class QueueState:
     """One queue's messages, leases and subscriptions."""
 
@@ -275,9 +310,10 @@ class QueueState:
         self.ev_next = 0  # the lowest offset a future event can get in the events log
         self.next_seq = 0
         self._taken: dict[MessageId, QueueEntry] = {}
-        self._ready: list[tuple[int, int, QueueEntry]] = []  # (-rank, seq, entry)
+        self._ready = ReadyQueue()
         self._expiry: list[tuple[int, int, QueueEntry]] = []  # (deadline, seq, entry)
-        self._leases: list[tuple[int, int, int, QueueEntry]] = []  # (until, seq, no, entry)
+        # leases in the order granted: all last LeasePeriod, so the first ends first
+        self._leases: OrderedDict[MessageId, QueueEntry] = OrderedDict()
         self._leased: dict[Subscription, dict[MessageId, QueueEntry]] = {}
         self._held: deque[QueueEntry] = deque()
         self._barrier: QueueEntry | None = None
@@ -288,7 +324,6 @@ class QueueState:
         self._early_floor: int | None = None  # min ev_pos of _early, None when unknown
         self._partitions: dict[TP, deque[tuple[int, int]]] = {}  # (offset, ev_pos) in order
         self._rr = 0
-        self._lease_numbers = itertools.count(1)
 
     # -- reading the log ------------------------------------------------------------
     def start_at(self, tp: TP, offset: int) -> None:
@@ -373,7 +408,7 @@ class QueueState:
 
     def _make_available(self, entry: QueueEntry) -> None:
         entry.status = Status.AVAILABLE
-        heapq.heappush(self._ready, (-entry.rank, entry.seq, entry))
+        self._ready.push(entry)
 
     # -- the events log -------------------------------------------------------------
     def apply_event(self, event: QueueEvent) -> None:
@@ -463,19 +498,18 @@ class QueueState:
         ready = self._ready
         skipped = []
         while ready and open_subs:
-            item = heapq.heappop(ready)
-            entry = item[2]
+            entry = ready.pop()
             if entry.status is not Status.AVAILABLE:
-                continue  # removed while waiting in the heap
+                continue  # removed while it waited to be delivered
             chosen = self._choose(entry, open_subs)
             if chosen is None:
-                skipped.append(item)
+                skipped.append(entry)
                 continue
             self._deliver(entry, chosen)
             if not chosen.has_room:
                 open_subs.remove(chosen)
-        for item in skipped:
-            heapq.heappush(ready, item)
+        for entry in skipped:
+            ready.push(entry)
 
     def _choose(self, entry: QueueEntry, open_subs: list[Subscription]) -> Subscription | None:
         fairness = self.policy.fairness
@@ -516,9 +550,8 @@ class QueueState:
         entry.holder = subscription
         subscription.outstanding += 1
         self._leased[subscription][entry.id] = entry
-        entry.lease_no = next(self._lease_numbers)
         entry.lease_until = now + self.policy.lease_ms
-        heapq.heappush(self._leases, (entry.lease_until, entry.seq, entry.lease_no, entry))
+        self._leases[entry.id] = entry
         if self.policy.at_most_once:
             self.dirty[entry.id] = entry
             self._take(entry)
@@ -647,10 +680,8 @@ class QueueState:
         """Leases that ran out, then messages whose time in the queue is over."""
         now = self.clock()
         leases = self._leases
-        while leases and leases[0][0] <= now:
-            _, _, number, entry = heapq.heappop(leases)
-            if entry.lease_no == number and entry.status in (Status.LEASED, Status.TAKEN):
-                self._lease_ended(entry, now)
+        while leases and next(iter(leases.values())).lease_until <= now:
+            self._lease_ended(leases.popitem(last=False)[1], now)
         expiry = self._expiry
         while expiry and expiry[0][0] <= now:
             entry = heapq.heappop(expiry)[2]
@@ -659,7 +690,9 @@ class QueueState:
 
     def next_due(self) -> int | None:
         """The earliest time `tick` may have something to do."""
-        times = [heap[0][0] for heap in (self._leases, self._expiry) if heap]
+        times = [self._expiry[0][0]] if self._expiry else []
+        if self._leases:
+            times.append(next(iter(self._leases.values())).lease_until)
         return min(times) if times else None
 
     def _lease_ended(self, entry: QueueEntry, now: int) -> None:
@@ -683,7 +716,7 @@ class QueueState:
             holder.outstanding -= 1
             self._leased[holder].pop(entry.id, None)
             entry.holder = None
-        entry.lease_no = 0
+        self._leases.pop(entry.id, None)
 
     def _drop_taken(self, entry: QueueEntry) -> None:
         """An at-most-once delivery is acknowledged: the subscriber has room again."""
