@@ -10,7 +10,10 @@ most TargetQueueDepth messages are active.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+import heapq
+import itertools
+
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -24,9 +27,11 @@ from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.state.queue import (
     EventKind,
     MessageId,
+    QueueEntry,
     QueueEvent,
     QueuePolicy,
     QueueState,
+    ReadyQueue,
     Status,
     Subscription,
 )
@@ -254,3 +259,32 @@ QueueMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_queue_state_machine = QueueMachine.TestCase
+
+
+@given(
+    st.lists(
+        st.one_of(st.tuples(st.just("push"), st.integers(0, 3)), st.just(("pop", 0))),
+        max_size=200,
+    )
+)
+def test_the_ready_queue_pops_highest_rank_then_oldest_whatever_the_push_order(steps):
+    """ReadyQueue (a deque for what comes in order, a heap for the rest) pops exactly as
+    one heap over (-rank, seq) would."""
+    ready, model, seqs = ReadyQueue(), [], itertools.count()
+    waiting: list[QueueEntry] = []
+    for action, rank in steps:
+        if action == "push":
+            # a new message, or one that comes back (an older seq), either may jump ahead
+            entry = waiting.pop() if waiting and rank % 2 else message(next(seqs))
+            entry.seq = entry.id[2]
+            entry.rank = rank
+            ready.push(entry)
+            heapq.heappush(model, (-entry.rank, entry.seq, entry))
+        elif model:
+            assert bool(ready)
+            expected = heapq.heappop(model)[2]
+            assert ready.pop() is expected
+            waiting.append(expected)
+    assert bool(ready) == bool(model)
+    while model:
+        assert ready.pop() is heapq.heappop(model)[2]
