@@ -135,6 +135,7 @@ class QueueSubscription:
 
 
 Deliver = Callable[[QueueMessage], None]
+Done = Callable[[Any], None]  # called with the result, or with the exception
 
 
 class QueueEngine:
@@ -277,35 +278,62 @@ class QueueEngine:
                 runtime.state.disconnect(session)
             self.settle()
 
-    def ack(self, queue: str, bookmarks: str | Iterable[str], session: Hashable) -> Future:
-        """sow_delete with bookmarks (a comma-separated list); the future's AckResult is
-        set once the acks are durable in the queue-events topic."""
-        return self._command(queue, bookmarks, session, "ack")
+    def ack(
+        self,
+        queue: str,
+        bookmarks: str | Iterable[str],
+        session: Hashable,
+        done: Done | None = None,
+    ) -> Future | None:
+        """sow_delete with bookmarks (a comma-separated list). Once the acks are durable in
+        the queue-events topic, their AckResult (or the error) is set on the future
+        returned, or passed to `done` when given (then nothing is returned: acks come by
+        the thousand, and a future costs more than the ack)."""
+        return self._command(queue, bookmarks, session, "ack", done)
 
-    def cancel(self, queue: str, bookmarks: str | Iterable[str], session: Hashable) -> Future:
-        return self._command(queue, bookmarks, session, "cancel")
+    def cancel(
+        self,
+        queue: str,
+        bookmarks: str | Iterable[str],
+        session: Hashable,
+        done: Done | None = None,
+    ) -> Future | None:
+        return self._command(queue, bookmarks, session, "cancel", done)
 
-    def expire(self, queue: str, bookmarks: str | Iterable[str], session: Hashable) -> Future:
-        return self._command(queue, bookmarks, session, "expire")
+    def expire(
+        self,
+        queue: str,
+        bookmarks: str | Iterable[str],
+        session: Hashable,
+        done: Done | None = None,
+    ) -> Future | None:
+        return self._command(queue, bookmarks, session, "expire", done)
 
     def _command(
-        self, queue: str, bookmarks: str | Iterable[str], session: Hashable, verb: str
-    ) -> Future:
+        self,
+        queue: str,
+        bookmarks: str | Iterable[str],
+        session: Hashable,
+        verb: str,
+        done: Done | None,
+    ) -> Future | None:
         runtime = self._runtime(queue)
         messages = _message_ids(bookmarks)
         with self.lock:
             result = getattr(runtime.state, verb)(messages, session)
             self.settle()
-            return runtime.when_durable(result)
+            return runtime.finish(result, done)
 
-    def ack_by_filter(self, queue: str, filter: str, session: Hashable) -> Future:
+    def ack_by_filter(
+        self, queue: str, filter: str, session: Hashable, done: Done | None = None
+    ) -> Future | None:
         """sow_delete with a filter on a queue: acks every active message that matches."""
         runtime = self._runtime(queue)
         matches = compile_filter(filter).matches
         with self.lock:
             count = runtime.state.ack_by_filter(matches, session)
             self.settle()
-            return runtime.when_durable(AckResult(count))
+            return runtime.finish(AckResult(count), done)
 
     def browse(self, queue: str, filter: str | None = None) -> list[QueueMessage]:
         """sow on a queue: its active messages, in delivery order."""
@@ -412,7 +440,7 @@ class QueueRuntime:
         self._durable_next = 0  # the events offset after it
         # checkpoints waiting for their events: [events needed, batch, events offset or None]
         self._pending: deque[list[Any]] = deque()
-        self._waiters: deque[tuple[int, Future, Any]] = deque()
+        self._waiters: deque[tuple[int, Done, Any]] = deque()
         self._read = False  # records read since the last checkpoint
         self._checkpoint_due = 0.0
         self._paused = False
@@ -717,8 +745,8 @@ class QueueRuntime:
             done = []
             while self._waiters and self._waiters[0][0] <= sequence:
                 done.append(self._waiters.popleft())
-        for _, future, result in done:
-            _settle_future(future, result)
+        for _, call, result in done:
+            call(result)
         if deferred:
             with self.engine.lock:
                 self.engine.send(self.name, deferred)
@@ -729,21 +757,30 @@ class QueueRuntime:
         self.failure = reason
         with self._store_lock:
             waiters, self._waiters = self._waiters, deque()
-        for _, future, _ in waiters:
-            _settle_future(future, PublishError(reason))
+        for _, call, _ in waiters:
+            call(PublishError(reason))
 
-    def when_durable(self, result: Any) -> Future:
-        """Under the engine lock, after flush: a future set once every event so far is durable."""
+    def finish(self, result: Any, done: Done | None) -> Future | None:
+        """Under the engine lock, after flush: `result` once every event so far is durable,
+        passed to `done` when given, else set on the future returned."""
+        if done is not None:
+            self._when_durable(done, result)
+            return None
         future: Future = Future()
-        if self.failure is not None:
-            future.set_exception(PublishError(self.failure))
-            return future
-        with self._store_lock:
-            if self._produced <= self._durable:
-                future.set_result(result)
-            else:
-                self._waiters.append((self._produced, future, result))
+        self._when_durable(partial(_settle_future, future), result)
         return future
+
+    def _when_durable(self, done: Done, result: Any) -> None:
+        """`done(result)` once every event so far is durable (from the delivery reports'
+        thread), or `done(error)` if one is lost."""
+        if self.failure is not None:
+            done(PublishError(self.failure))
+            return
+        with self._store_lock:
+            if self._produced > self._durable:
+                self._waiters.append((self._produced, done, result))
+                return
+        done(result)
 
     def checkpoint(self) -> None:
         """Under the engine lock: store what changed, once the events behind it are durable."""

@@ -197,17 +197,16 @@ async def sow_delete(session: Session, request: Request) -> None:
         raise ProtocolError("sow_delete on a queue takes bookmarks (bm) or a filter (f)")
     engine = _engine(session)
     if bookmarks is not None:
-        verb = getattr(engine, option or "ack")
-        future = verb(queue, bookmarks, session)
+        command = partial(getattr(engine, option or "ack"), queue, bookmarks, session)
     else:
         if option is not None:
             raise ProtocolError(f"option {option} needs bookmarks, not a filter")
         content_filter(header)
-        future = engine.ack_by_filter(queue, filter_text, session)  # type: ignore[arg-type]
+        command = partial(engine.ack_by_filter, queue, filter_text, session)
     if request.wants("processed"):
-        session.spawn(_answer(session, request, future), request)
+        session.spawn(_answer(session, request, command()), request)
     else:  # a client's batched ack: only a failure is answered
-        future.add_done_callback(partial(_report_failure, session, request))
+        command(partial(_report_failure, session, request))
 
 
 def _ack_option(header: dict[str, Any]) -> str | None:
@@ -225,11 +224,12 @@ async def _answer(session: Session, request: Request, future: Any) -> None:
     session.send(ack(request.header, "processed", _refusal(result), matches=result.acked))
 
 
-def _report_failure(session: Session, request: Request, future: Any) -> None:
+def _report_failure(session: Session, request: Request, outcome: AckResult | Exception) -> None:
     """Any thread: a failure ack for an acknowledgement nobody waits for."""
-    error = future.exception()
-    reason = error.reason if isinstance(error, AmpsError) else None
-    reason = reason or (_refusal(future.result()) if error is None else str(error))
+    if isinstance(outcome, AckResult):
+        reason = _refusal(outcome)
+    else:
+        reason = (outcome.reason if isinstance(outcome, AmpsError) else None) or str(outcome)
     if reason:
         failure = ack(request.header, "processed", reason)
         session.gateway.queues.post(session, failure, b"")  # type: ignore[union-attr]

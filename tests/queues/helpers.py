@@ -111,7 +111,7 @@ def event_records(engine: QueueEngine, queue: str) -> list[list[QueueEvent]]:
     """Every record of a queue's events topic, decoded, once every event the engine has
     recorded so far is durable in Kafka."""
     with engine.lock:
-        durable = engine.runtimes[queue].when_durable(None)
+        durable = engine.runtimes[queue].finish(None, None)
     durable.result(20)
     consumer = reader(engine.bootstrap)
     topic = events_topic(queue)

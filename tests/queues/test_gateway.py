@@ -20,6 +20,7 @@ from amps_on_kafka.processor.worker import Worker, now_ms
 from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import create_topic, delete_topics
 from tests.queues.helpers import event_records, eventually
+from tests.server.helpers import Wire
 
 
 @dataclass
@@ -164,6 +165,31 @@ def test_client_ack_returns_once_durable_and_strict_leasing_refuses_others(
         with pytest.raises(ServerError, match="Leasing strict"):
             other.ack(served.queue, message.bookmark)
         assert holder.ack(served.queue, [message.bookmark]).matches == 1
+
+
+def test_a_batched_ack_is_answered_only_when_it_fails(serve, clients, queue_config):
+    """A sow_delete without `a` (how the client sends batched acks) gets no reply when it
+    succeeds, and a failure naming the refused bookmarks (Leasing strict) when not."""
+    served = serve(queue_config())
+    holder = clients(served)
+    wire = Wire(served.address)
+    try:
+        wire.logon()
+        with holder.subscribe(served.queue, timeout=5) as stream:
+            holder.publish(served.queue, {"n": 1})
+            holder.publish_flush()
+            [message] = take(stream, 1)
+            wire.send({"c": "sow_delete", "t": served.queue, "bm": message.bookmark})
+            reply = wire.recv()
+            assert reply.header["status"] == "failure"
+            assert "Leasing strict" in reply.header["reason"]
+            assert message.bookmark in reply.header["reason"]
+            holder.ack(served.queue, message.bookmark)  # the holder may: it is gone
+            wire.send({"c": "sow_delete", "t": served.queue, "bm": message.bookmark})
+            pong = wire.request({"c": "heartbeat", "cid": "hb"})
+            assert pong.header["cid"] == "hb"  # the ack of nothing gone was not answered
+    finally:
+        wire.close()
 
 
 def test_disconnect_breaks_the_leases_at_once(serve, clients, queue_config):
