@@ -312,7 +312,8 @@ class QueueState:
         self._taken: dict[MessageId, QueueEntry] = {}
         self._ready = ReadyQueue()
         self._expiry: list[tuple[int, int, QueueEntry]] = []  # (deadline, seq, entry)
-        # leases in the order granted: all last LeasePeriod, so the first ends first
+        # leases in the order granted: all last LeasePeriod, so the first ends first (if
+        # the clock steps back, later leases end late by at most the step)
         self._leases: OrderedDict[MessageId, QueueEntry] = OrderedDict()
         self._leased: dict[Subscription, dict[MessageId, QueueEntry]] = {}
         self._held: deque[QueueEntry] = deque()
