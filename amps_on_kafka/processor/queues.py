@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -278,51 +278,28 @@ class QueueEngine:
                 runtime.state.disconnect(session)
             self.settle()
 
-    def ack(
-        self,
-        queue: str,
-        bookmarks: str | Iterable[str],
-        session: Hashable,
-        done: Done | None = None,
-    ) -> Future | None:
-        """sow_delete with bookmarks (a comma-separated list). Once the acks are durable in
-        the queue-events topic, their AckResult (or the error) is set on the future
-        returned, or passed to `done` when given (then nothing is returned: acks come by
-        the thousand, and a future costs more than the ack)."""
-        return self._command(queue, bookmarks, session, "ack", done)
-
-    def cancel(
-        self,
-        queue: str,
-        bookmarks: str | Iterable[str],
-        session: Hashable,
-        done: Done | None = None,
-    ) -> Future | None:
-        return self._command(queue, bookmarks, session, "cancel", done)
-
-    def expire(
-        self,
-        queue: str,
-        bookmarks: str | Iterable[str],
-        session: Hashable,
-        done: Done | None = None,
-    ) -> Future | None:
-        return self._command(queue, bookmarks, session, "expire", done)
-
     def _command(
         self,
+        verb: str,
         queue: str,
         bookmarks: str | Iterable[str],
         session: Hashable,
-        verb: str,
-        done: Done | None,
+        done: Done | None = None,
     ) -> Future | None:
+        """sow_delete with bookmarks (a comma-separated list): ack, cancel or expire. Once
+        the changes are durable in the queue-events topic, their AckResult (or the error)
+        is set on the future returned, or passed to `done` when given (then nothing is
+        returned: acks come by the thousand, and a future costs more than the ack)."""
         runtime = self._runtime(queue)
         messages = _message_ids(bookmarks)
         with self.lock:
             result = getattr(runtime.state, verb)(messages, session)
             self.settle()
             return runtime.finish(result, done)
+
+    ack = partialmethod(_command, "ack")
+    cancel = partialmethod(_command, "cancel")
+    expire = partialmethod(_command, "expire")
 
     def ack_by_filter(
         self, queue: str, filter: str, session: Hashable, done: Done | None = None
