@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from amps_on_kafka.config.durations import parse_duration
+from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.expr import compile_expression, compile_filter
 
 MessageType = Literal["json", "avro", "binary"]
@@ -191,7 +192,7 @@ class QueueConfig(_Strict):
             ):
                 if value is not None:
                     raise ValueError(f"TargetQueueDepth can't be set together with {key}")
-        target = self.publish_target
+        target = self.default_publish_target
         if target is not None and not self.views(target):
             raise ValueError(
                 f"DefaultPublishTarget {target!r} does not match UnderlyingTopic "
@@ -221,6 +222,13 @@ class QueueConfig(_Strict):
         if self.default_publish_target is not None:
             return self.default_publish_target
         return None if self.views(self.name) else f"{self.name}_DIRECT"
+
+    @property
+    def enqueues_publishes_to_its_name(self) -> bool:
+        """False for a queue such as WorkToDo over Work: its default `<Name>_DIRECT` is not
+        one of its underlying topics, so it takes messages only from those."""
+        target = self.publish_target
+        return target is None or self.views(target)
 
     @property
     def fairness(self) -> Fairness:
@@ -272,8 +280,16 @@ class Config(_Strict):
         written as named.
         """
         queue = self.queue(topic)
-        target = queue.publish_target if queue is not None else None
-        return target if target is not None else topic
+        if queue is None or queue.publish_target is None:
+            return topic
+        if not queue.enqueues_publishes_to_its_name:
+            raise ConfigError(
+                f"publish to queue {topic!r}: its DefaultPublishTarget "
+                f"{queue.publish_target!r} does not match its UnderlyingTopic "
+                f"{queue.topic_pattern!r}, so the message would never be enqueued; publish "
+                "to an underlying topic, or configure a DefaultPublishTarget that matches"
+            )
+        return queue.publish_target
 
     def queues_viewing(self, topic: str) -> list[QueueConfig]:
         """The queues that enqueue a message written to the log topic `topic`."""

@@ -89,7 +89,7 @@ def create_from_config(
     )
     for queue in config.queues:
         target = queue.publish_target
-        if target is not None and target != queue.name:
+        if target not in (None, queue.name) and queue.enqueues_publishes_to_its_name:
             registry.register(TopicSpec(name=queue.name, publish_target=target))
     return created
 

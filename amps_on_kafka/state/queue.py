@@ -35,6 +35,7 @@ TP = tuple[str, int]
 Clock = Callable[[], int]  # milliseconds
 NAN_RANK = -1  # a Priority that is NULL or not an unsigned 64-bit number sorts lowest
 MAX_PRIORITY = 2**64 - 1
+COMPACT_SLACK = 1024  # removed messages left in the delivery structures before a sweep
 
 
 class Status(IntEnum):
@@ -265,7 +266,8 @@ class ReadyQueue:
     Messages mostly become available in that order (they arrive oldest first, and
     without Priority every rank is 0), so those wait in a deque at O(1) a message; only
     the ones out of order (a lease that ended, a cancel, a higher priority) go through
-    a heap. `pop` takes the first of the two.
+    a heap. `pop` takes the first of the two. A message that leaves the queue while it
+    waits here stays until popped or `compact`ed: the caller skips it.
     """
 
     __slots__ = ("_in_order", "_others")
@@ -277,6 +279,9 @@ class ReadyQueue:
     def __bool__(self) -> bool:
         return bool(self._in_order or self._others)
 
+    def __len__(self) -> int:
+        return len(self._in_order) + len(self._others)
+
     def push(self, entry: QueueEntry) -> None:
         in_order = self._in_order
         if not in_order or _order(in_order[-1]) < _order(entry):
@@ -284,15 +289,40 @@ class ReadyQueue:
         else:
             heapq.heappush(self._others, (-entry.rank, entry.seq, entry))
 
+    def head(self) -> tuple[int, int]:
+        """The delivery order of the message `pop` would return (the queue is not empty)."""
+        in_order, others = self._in_order, self._others
+        if others and (not in_order or others[0][:2] < _order(in_order[0])):
+            return others[0][:2]
+        return _order(in_order[0])
+
     def pop(self) -> QueueEntry:
         in_order, others = self._in_order, self._others
         if others and (not in_order or others[0][:2] < _order(in_order[0])):
             return heapq.heappop(others)[2]
         return in_order.popleft()
 
+    def drain_into(self, other: ReadyQueue) -> None:
+        while self:
+            other.push(self.pop())
+
+    def compact(self) -> None:
+        """Drop the messages that are no longer available."""
+        self._in_order = deque(e for e in self._in_order if e.status is Status.AVAILABLE)
+        self._others = [item for item in self._others if item[2].status is Status.AVAILABLE]
+        heapq.heapify(self._others)
+
 
 def _order(entry: QueueEntry) -> tuple[int, int]:
     return (-entry.rank, entry.seq)
+
+
+def _pop_first(sources: list[ReadyQueue]) -> QueueEntry | None:
+    """The first message in delivery order among `sources`; None when all are empty."""
+    if len(sources) == 1:
+        return sources[0].pop() if sources[0] else None
+    first = min((s for s in sources if s), key=ReadyQueue.head, default=None)
+    return None if first is None else first.pop()
 
 
 class QueueState:
@@ -311,6 +341,10 @@ class QueueState:
         self.next_seq = 0
         self._taken: dict[MessageId, QueueEntry] = {}
         self._ready = ReadyQueue()
+        # available messages no subscription with room wanted at the last dispatch, by
+        # the set of subscriptions that do want them: looked at again only when one of
+        # those has room (or a new subscription comes), not on every dispatch
+        self._parked: dict[frozenset[Subscription], ReadyQueue] = {}
         self._expiry: list[tuple[int, int, QueueEntry]] = []  # (deadline, seq, entry)
         # leases in the order granted: all last LeasePeriod, so the first ends first (if
         # the clock steps back, later leases end late by at most the step)
@@ -470,6 +504,9 @@ class QueueState:
     def subscribe(self, subscription: Subscription) -> None:
         self.subscriptions.append(subscription)
         self._leased[subscription] = {}
+        for group in self._parked.values():  # the newcomer may want any of them
+            group.drain_into(self._ready)
+        self._parked.clear()
 
     def unsubscribe(self, subscription: Subscription) -> None:
         """The subscription ends: its leases are broken at once (seed 002)."""
@@ -496,21 +533,37 @@ class QueueState:
         """Deliver what can be delivered: each message, oldest (or highest priority) first,
         to the subscription the queue's fairness picks among those with room that want it."""
         open_subs = [s for s in self.subscriptions if s.has_room]
-        ready = self._ready
-        skipped = []
-        while ready and open_subs:
-            entry = ready.pop()
+        sources = self._sources(open_subs)
+        while open_subs:
+            entry = _pop_first(sources)
+            if entry is None:
+                return
             if entry.status is not Status.AVAILABLE:
                 continue  # removed while it waited to be delivered
             chosen = self._choose(entry, open_subs)
             if chosen is None:
-                skipped.append(entry)
+                self._park(entry)
                 continue
             self._deliver(entry, chosen)
             if not chosen.has_room:
                 open_subs.remove(chosen)
-        for entry in skipped:
-            ready.push(entry)
+                sources = self._sources(open_subs)
+
+    def _sources(self, open_subs: list[Subscription]) -> list[ReadyQueue]:
+        """Where the next message for `open_subs` can be: the ready queue, and the parked
+        groups some of them want."""
+        sources = [self._ready]
+        for wanted_by, group in self._parked.items():
+            if not wanted_by.isdisjoint(open_subs):
+                sources.append(group)
+        return sources
+
+    def _park(self, entry: QueueEntry) -> None:
+        wanted_by = frozenset(s for s in self.subscriptions if s.wants(entry))
+        group = self._parked.get(wanted_by)
+        if group is None:
+            group = self._parked[wanted_by] = ReadyQueue()
+        group.push(entry)
 
     def _choose(self, entry: QueueEntry, open_subs: list[Subscription]) -> Subscription | None:
         fairness = self.policy.fairness
@@ -688,6 +741,17 @@ class QueueState:
             entry = heapq.heappop(expiry)[2]
             if entry.status in (Status.AVAILABLE, Status.HELD):
                 self._remove(entry, Reason.EXPIRE, dead_letter=True)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drop removed messages from the ready queue and the parked groups once they are
+        most of what those hold (messages expire there while no one takes them)."""
+        groups = [self._ready, *self._parked.values()]
+        if sum(map(len, groups)) <= 2 * len(self.entries) + COMPACT_SLACK:
+            return
+        for group in groups:
+            group.compact()
+        self._parked = {key: group for key, group in self._parked.items() if group}
 
     def next_due(self) -> int | None:
         """The earliest time `tick` may have something to do."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amps_on_kafka.config import QueueConfig, load_config
+from amps_on_kafka.config import Config, QueueConfig, load_config
 from amps_on_kafka.errors import ConfigError
 
 EXAMPLE = Path(__file__).parents[2] / "config" / "queues-example.yaml"
@@ -38,6 +38,17 @@ def test_durations_are_amps_durations(tmp_path):
 def test_default_publish_target_is_name_direct_when_the_name_is_not_an_underlying_topic():
     queue = QueueConfig(Name="JOBS", UnderlyingTopic="^JOBS_(IN|DIRECT)$")
     assert queue.publish_target == "JOBS_DIRECT"
+
+
+def test_a_queue_named_differently_from_its_topic_needs_no_DIRECT_topic():
+    """AMPS's own first example: the queue WorkToDo over the topic Work."""
+    config = Config.model_validate({"Queues": [{"Name": "WorkToDo", "UnderlyingTopic": "Work"}]})
+    queue = config.queue("WorkToDo")
+    assert queue.views("Work") and not queue.views("WorkToDo")
+    assert queue.publish_target == "WorkToDo_DIRECT"
+    assert config.publish_target("Work") == "Work"
+    with pytest.raises(ConfigError, match="DefaultPublishTarget 'WorkToDo_DIRECT' does not match"):
+        config.publish_target("WorkToDo")  # it would never reach the queue
 
 
 def test_several_queues_may_view_the_same_topic():

@@ -12,7 +12,7 @@ import pytest
 
 from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config
-from amps_on_kafka.errors import MessageError, ServerError
+from amps_on_kafka.errors import MessageError, PublishError, ServerError
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine, events_topic
@@ -241,6 +241,32 @@ def test_publish_to_the_queue_name_is_written_to_its_direct_topic(
         assert bookmarks["underlying"].startswith(f"{base}|")
     finally:
         delete_topics(bootstrap, [direct, events_topic(queue)])
+
+
+def test_a_queue_over_a_differently_named_topic_takes_its_publishes_and_refuses_its_own(
+    serve, clients, bootstrap, topic_factory
+):
+    """WorkToDo over Work: a publish to the queue's name would go to WorkToDo_DIRECT, which
+    the queue does not read, so the gateway refuses it instead of losing it."""
+    work = topic_factory()
+    queue = f"{work}ToDo"
+    config = Config.model_validate(
+        {"Topics": [{"Name": work}], "Queues": [{"Name": queue, "UnderlyingTopic": work}]}
+    )
+    try:
+        served = serve(config)
+        client = clients(served)
+        client.publish(queue, {"n": 0})
+        with pytest.raises(PublishError, match=f"DefaultPublishTarget '{queue}_DIRECT'"):
+            client.publish_flush()
+        with client.subscribe(queue, options="max_backlog=5") as stream:
+            client.publish(work, {"n": 1})
+            client.publish_flush()
+            [message] = take(stream, 1)
+        assert message.data == {"n": 1}
+        assert message.bookmark.startswith(f"{work}|")
+    finally:
+        delete_topics(bootstrap, [events_topic(queue)])
 
 
 def test_the_worker_starts_and_stops_the_queue_engine(bootstrap, topic_factory, tmp_path):

@@ -154,13 +154,24 @@ class QueueMachine(RuleBasedStateMachine):
         """Dispatch, check each delivery, and write the events to the log."""
         self.state.dispatch()
         box = self.state.outbox.take()
+        available = [e for e in self.state.entries.values() if e.status is Status.AVAILABLE]
         for delivery in box.deliveries:
             assert delivery.entry.id not in self.removed, "a removed message was delivered"
+            if delivery.lease_until is not None:  # not a barrier, which ignores backlogs
+                self.check_nothing_earlier_was_passed_over(delivery, available)
         for event in box.events:
             if event.kind is EventKind.REMOVE:
                 self.removed.add(event.id)
         self.log.extend(box.events)
         self.state.ev_next = len(self.log)
+
+    @staticmethod
+    def check_nothing_earlier_was_passed_over(delivery, available: list[QueueEntry]) -> None:
+        """Oldest (highest priority) first: a subscriber got nothing while a message it
+        wants, earlier in delivery order, stayed in the queue."""
+        order = (-delivery.entry.rank, delivery.entry.seq)
+        earlier = [e for e in available if (-e.rank, e.seq) < order]
+        assert not any(delivery.subscription.wants(e) for e in earlier)
 
     # -- invariants ------------------------------------------------------------------
     @invariant()

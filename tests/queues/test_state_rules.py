@@ -7,6 +7,7 @@ import pytest
 
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.state.queue import (
+    COMPACT_SLACK,
     EventKind,
     QueuePolicy,
     Reason,
@@ -269,6 +270,39 @@ def test_filtered_subscription_gets_the_oldest_message_that_matches():
     assert sorted(e.id[2] for e in state.browse() if e.status is Status.AVAILABLE) == [0, 1, 2]
 
 
+def test_a_returned_message_goes_before_later_ones_passed_over_while_its_holder_was_full():
+    state = queue()
+    subscriber(state, "odd", 2, flt=matches("/n % 2 = 1"))
+    even = subscriber(state, "even", 1, flt=matches("/n % 2 = 0"))
+    fill(state, 3)
+    assert to(run(state)) == [("even", 0), ("odd", 1)]  # 2 waits: only "even" wants it
+    state.cancel([("orders", 0, 0)], "even")
+    assert to(run(state)) == [("even", 0)]
+    assert even.outstanding == 1
+
+
+def test_messages_no_subscriber_with_room_wants_are_not_filtered_again_on_every_dispatch():
+    """Dispatch stays proportional to what it delivers, not to how many messages wait
+    for a subscriber that is full or absent."""
+    evaluations = 0
+
+    def wants_even(data):
+        nonlocal evaluations
+        evaluations += 1
+        return data["n"] % 2 == 0
+
+    state = queue()
+    subscriber(state, "even", 1, flt=wants_even)
+    fill(state, 1000)
+    delivered = 0
+    while got := run(state):  # one message at a time: 500 dispatches
+        delivered += len(got)
+        state.ack([d.entry.id for d in got], "even")
+    assert delivered == 500
+    assert sorted(e.id[2] for e in state.browse()) == list(range(1, 1000, 2))
+    assert evaluations < 3 * 1000  # each of the 500 odd ones was looked at 250 times before
+
+
 def test_priority_highest_first_and_oldest_first_within_a_priority():
     state = queue(priority=lambda d: d["p"])
     subscriber(state, "a", 100)
@@ -416,6 +450,17 @@ def test_unleased_message_older_than_Expiration_is_removed():
     state.tick()
     assert sorted(state.entries) == [("orders", 0, 2)]
     assert {e.id for e in state.outbox.take().dead_letters} == {first, second}
+
+
+def test_messages_that_expire_unread_do_not_pile_up_while_no_one_subscribes():
+    clock = FakeClock()
+    state = queue(clock, expiration_ms=1000)
+    for start in range(0, 20_000, 2000):
+        fill(state, 2000, start=start, timestamp=clock.now)
+        clock.advance(1000)
+        state.tick()
+    assert not state.entries
+    assert len(state._ready) <= 2000 + COMPACT_SLACK  # what expired was let go
 
 
 def test_message_expiration_overrides_the_queue_Expiration():
