@@ -54,10 +54,18 @@ class Message:
 
     def ack(self, option: str | None = None) -> None:
         """Acknowledge a queue message: processed (no option), "cancel" (back to the
-        queue) or "expire" (removed at once). The client batches acks (docs/queues.md)."""
-        if self.acks is None or self.lease_period is None:
-            raise MessageError(f"{self!r} is not a leased queue message: there is nothing to ack")
-        self.acks.add(self.topic, self.bookmark, option)  # type: ignore[arg-type]
+        queue) or "expire" (removed at once). The client batches acks (docs/queues.md).
+
+        A subscription's message without a lease, such as a barrier message (which left
+        the queue as it was sent, seed 001), needs no ack: acking it does nothing, as in
+        AMPS clients, so a subscriber may ack everything it receives.
+        """
+        if self.acks is None:
+            raise MessageError(
+                f"{self!r} was not delivered by a subscription: there is nothing to ack"
+            )
+        if self.lease_period is not None:
+            self.acks.add(self.topic, self.bookmark, option)  # type: ignore[arg-type]
 
     @property
     def logical_topic(self) -> str | None:

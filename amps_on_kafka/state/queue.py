@@ -692,8 +692,8 @@ class QueueState:
                 done += self._ack_absent(message, session)
                 continue
             entry = self.entries.get(message)
-            if entry is None or entry.status is Status.WAITING:
-                continue
+            if entry is None or entry.status is Status.WAITING or self.policy.at_most_once:
+                continue  # at-most-once: "these options have no effect" (seed 002)
             if self._may_act(entry, session):
                 action(entry)
                 done += 1

@@ -135,8 +135,34 @@ def test_only_a_leased_queue_message_can_be_acked(serve, clients, queue_config):
     client.publish_flush()
     eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 1)
     [browsed] = list(client.sow(served.queue))
-    with pytest.raises(MessageError, match="not a leased queue message"):
+    with pytest.raises(MessageError, match="not delivered by a subscription"):
         browsed.ack()
+
+
+def test_a_barrier_waits_for_the_acks_before_it_and_a_subscriber_may_ack_it(
+    serve, clients, queue_config
+):
+    served = serve(queue_config(BarrierExpression="/eod = 1"))
+    state = served.engine.runtimes[served.queue].state
+    client = clients(served)
+    client.set_ack_batch_size(1)
+    with client.subscribe(served.queue, options="max_backlog=10", timeout=5) as stream:
+        for document in ({"n": 0}, {"n": 1}, {"n": 2, "eod": 1}, {"n": 3}):
+            client.publish(served.queue, document)
+        client.publish_flush()
+        before = take(stream, 2)
+        eventually(served.engine, lambda: state.depth == 4)
+        with served.engine.lock:
+            held = {e.id[2]: e.status.name for e in state.browse() if e.id[2] >= 2}
+        assert held == {2: "HELD", 3: "HELD"}  # room for 10, yet nothing after 1 went out
+        for message in before:
+            message.ack()
+        barrier, after = take(stream, 2)
+        assert (barrier.data["n"], barrier.lease_period) == (2, None)
+        assert (after.data["n"], after.lease_period is not None) == (3, True)
+        barrier.ack()  # nothing to do: it left the queue as it was sent
+        after.ack()
+        eventually(served.engine, lambda: state.depth == 0)
 
 
 def test_sow_on_a_queue_and_an_ack_by_filter_through_the_gateway(serve, clients, queue_config):

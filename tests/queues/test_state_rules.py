@@ -131,6 +131,15 @@ def test_at_most_once_cancel_and_expire_have_no_effect_on_the_message(verb):
     assert state.depth == 0
 
 
+@pytest.mark.parametrize("verb", ["cancel", "expire"])
+def test_at_most_once_cancel_and_expire_have_no_effect_on_a_message_not_delivered_yet(verb):
+    state = queue(at_most_once=True, fairness="round-robin", permissive=True, max_cancels=0)
+    [first] = fill(state, 1)
+    assert getattr(state, verb)([first], "anyone").acked == 0
+    assert events_of(state) == []
+    assert state.entries[first].status is Status.AVAILABLE
+
+
 def test_at_most_once_message_is_not_redelivered_when_the_subscriber_fails():
     clock = FakeClock()
     state = queue(clock, at_most_once=True, fairness="round-robin", lease_ms=100)
