@@ -1,19 +1,25 @@
 """Fixtures for queue tests that run against the real broker: queues over fresh topics,
-an engine per test, a publisher, and subscribers that collect what they are pushed."""
+an engine per test, a publisher, subscribers that collect what they are pushed, and a
+queue served by a gateway with clients connected to it."""
 
 from __future__ import annotations
 
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config
 from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine, QueueMessage, events_topic
+from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import delete_topics
 
 
@@ -90,3 +96,50 @@ def engines(bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., QueueEngin
     yield start
     for engine in started:
         engine.stop()
+
+
+@dataclass
+class Served:
+    """A queue behind a gateway: its engine, and the address clients connect to."""
+
+    queue: str
+    engine: QueueEngine
+    address: str
+
+    def client(self, name: str | None = None) -> Client:
+        client = Client(name or f"c-{uuid.uuid4().hex[:6]}")
+        client.connect(f"tcp://{self.address}/amps/json")
+        client.logon()
+        return client
+
+
+@pytest.fixture
+def serve(bootstrap, engines) -> Iterator[Callable[[Config], Served]]:
+    """``serve(config)``: the config's first queue behind a gateway (no SOW topics)."""
+    opened: list[Gateway] = []
+
+    def start(config: Config) -> Served:
+        engine = engines(config)
+        gateway = Gateway(
+            SowEngine(Config(), {}, now_ms), bootstrap, listen="127.0.0.1:0", queues=engine
+        )
+        opened.append(gateway)
+        return Served(config.queues[0].name, engine, gateway.start())
+
+    yield start
+    for gateway in opened:
+        gateway.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[Callable[[Served], Client]]:
+    """``clients(served) -> a logged-on Client``; each is closed when the test ends."""
+    made: list[Client] = []
+
+    def make(served: Served) -> Client:
+        made.append(served.client())
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()

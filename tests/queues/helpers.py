@@ -126,3 +126,14 @@ def event_records(engine: QueueEngine, queue: str) -> list[list[QueueEvent]]:
         return records
     finally:
         consumer.close()
+
+
+def take(stream, count: int) -> list:
+    """The next `count` messages of a client's stream; fails if it goes idle first."""
+    messages = []
+    for message in stream:
+        messages.append(message)
+        if len(messages) == count:
+            break
+    assert len(messages) == count, f"{len(messages)} of {count} messages"
+    return messages

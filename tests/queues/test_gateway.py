@@ -5,76 +5,17 @@ broken by a disconnect, publishes to a queue's name, and the Worker hook."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pytest
 
-from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import MessageError, PublishError, ServerError
 from amps_on_kafka.log.registry import TopicSpec
-from amps_on_kafka.processor.engine import SowEngine
-from amps_on_kafka.processor.queues import QueueEngine, events_topic
-from amps_on_kafka.processor.worker import Worker, now_ms
-from amps_on_kafka.server.gateway import Gateway
+from amps_on_kafka.processor.queues import events_topic
+from amps_on_kafka.processor.worker import Worker
 from tests.conftest import create_topic, delete_topics
-from tests.queues.helpers import event_records, eventually
+from tests.queues.helpers import event_records, eventually, take
 from tests.server.helpers import Wire
-
-
-@dataclass
-class Served:
-    queue: str
-    engine: QueueEngine
-    address: str
-
-    def client(self, name: str | None = None) -> Client:
-        client = Client(name or f"c-{uuid.uuid4().hex[:6]}")
-        client.connect(f"tcp://{self.address}/amps/json")
-        client.logon()
-        return client
-
-
-@pytest.fixture
-def serve(bootstrap, engines) -> Iterator[Callable[[Config], Served]]:
-    """``serve(config)``: the config's first queue behind a gateway (no SOW topics)."""
-    opened: list[Gateway] = []
-
-    def start(config: Config) -> Served:
-        engine = engines(config)
-        gateway = Gateway(
-            SowEngine(Config(), {}, now_ms), bootstrap, listen="127.0.0.1:0", queues=engine
-        )
-        opened.append(gateway)
-        return Served(config.queues[0].name, engine, gateway.start())
-
-    yield start
-    for gateway in opened:
-        gateway.stop()
-
-
-@pytest.fixture
-def clients() -> Iterator[Callable[[Served], Client]]:
-    made: list[Client] = []
-
-    def make(served: Served) -> Client:
-        made.append(served.client())
-        return made[-1]
-
-    yield make
-    for client in made:
-        client.close()
-
-
-def take(stream, count: int) -> list:
-    messages = []
-    for message in stream:
-        messages.append(message)
-        if len(messages) == count:
-            break
-    assert len(messages) == count, f"{len(messages)} of {count} messages"
-    return messages
 
 
 def test_queue_subscription_gets_max_backlog_messages_each_with_bookmark_and_lease(
