@@ -7,6 +7,7 @@ Kafka (the filter language, config parsing) never wait for a broker.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ def bootstrap() -> Iterator[str]:
     """Bootstrap address of the run's broker (see amps_on_kafka.broker.testing for which)."""
     with kafka_for_tests() as address:
         yield address
+        gc.collect()  # Kafka clients left in reference cycles go while their broker is up
 
 
 @pytest.fixture
