@@ -47,7 +47,7 @@ def test_the_seed_routing_table(published_to, enqueued_by):
 
 def test_the_seed_routing_table_end_to_end(bootstrap, publisher, engines):
     """Publish one message to each topic of the table through Kafka; each queue holds
-    exactly the messages the seed says it enqueues."""
+    exactly the messages the seed says it enqueues, and acks in one leave the other."""
     prefix = f"R{uuid.uuid4().hex[:6]}_"
     config = _renamed(load_config(EXAMPLE), prefix)
     names = [t.name for t in config.topics]
@@ -65,6 +65,11 @@ def test_the_seed_routing_table_end_to_end(bootstrap, publisher, engines):
         for queue, rows in expected.items():
             _wait_depth(engine, prefix + queue, len(rows))
             assert {m.data["row"] for m in engine.browse(prefix + queue)} == rows
+        # each queue tracks the shared message on its own: an ack in one leaves the other
+        analytics, risk = prefix + "ORDERS_ANALYTICS", prefix + "ORDERS_RISK"
+        assert engine.ack_by_filter(analytics, "/row = 'ORDERS'", "s1").result(10).acked == 1
+        assert "ORDERS" not in {m.data["row"] for m in engine.browse(analytics)}
+        assert "ORDERS" in {m.data["row"] for m in engine.browse(risk)}
     finally:
         queues = [prefix + q for q in ("ORDERS_ANALYTICS", "ORDERS_RISK")]
         delete_topics(bootstrap, names + [events_topic(q) for q in queues])
