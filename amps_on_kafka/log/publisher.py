@@ -70,6 +70,7 @@ class LogPublisher:
         self.report_successes = report_successes
         config = {"delivery.report.only.error": not report_successes, **(producer_config or {})}
         self._producer = log_producer(bootstrap, **config)
+        self._closed = False
 
     def spec(self, topic: str) -> TopicSpec:
         spec = self._specs.get(topic)
@@ -286,7 +287,14 @@ class LogPublisher:
             )
 
     def close(self, timeout: float = 10.0) -> None:
+        """Flush, then let the producer's connections and threads go now, not whenever the
+        garbage collector frees it (an idle producer keeps reconnecting to a broker that
+        went away). A publisher whose flush fails stays open, so nothing is dropped."""
+        if self._closed:
+            return
         self.flush(timeout)
+        self._closed = True
+        self._producer.close()
 
 
 def _chain(

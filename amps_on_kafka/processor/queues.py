@@ -191,6 +191,7 @@ class QueueEngine:
         for runtime in self.runtimes.values():
             runtime.commit_ready()
         self._poller.join(timeout)
+        self.producer.close()
         for runtime in self.runtimes.values():
             runtime.close()
 

@@ -181,6 +181,8 @@ class Worker:
             consumer.close()  # revokes, which closes every store
             if self._dead_letters is not None:
                 self._dead_letters.flush(10)
+                self._dead_letters.close()
+                self._dead_letters = None
             if self.queues is not None:
                 self.queues.stop()
 

@@ -255,3 +255,40 @@ def test_the_worker_starts_and_stops_the_queue_engine(bootstrap, topic_factory, 
         worker.stop()
         delete_topics(bootstrap, [events_topic(queued)])
     assert (tmp_path / "_queues" / queued).is_dir()
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        ({"c": "subscribe", "o": "max_backlog=lots"}, "max_backlog=N"),
+        ({"c": "subscribe", "o": "oof"}, "not supported on a queue"),
+        ({"c": "subscribe", "f": "/n = = 1"}, "position"),
+        ({"c": "sow", "f": "/n >"}, "position"),
+        ({"c": "sow_delete", "f": "/n ="}, "position"),
+        ({"c": "sow_delete", "bm": "not-a-bookmark"}, "not-a-bookmark"),
+        ({"c": "sow_delete", "bm": "QUEUE|0|0|", "o": "later"}, "later"),
+        ({"c": "sow_delete"}, "sow_delete"),
+        ({"c": "sow_and_subscribe"}, "not supported on a queue"),
+    ],
+)
+def test_bad_queue_commands_fail_with_a_reason_and_the_queue_keeps_serving(
+    serve, clients, queue_config, command, reason
+):
+    served = serve(queue_config())
+    wire = Wire(served.address)
+    try:
+        wire.logon()
+        header = {"t": served.queue, **command, "cid": "bad", "a": "processed"}
+        if "bm" in header:
+            header["bm"] = header["bm"].replace("QUEUE", served.queue)
+        reply = wire.request(header)
+        assert reply.header["status"] == "failure"
+        assert reason in reply.header["reason"]
+        assert wire.request({"c": "heartbeat", "cid": "hb"}).header["cid"] == "hb"
+    finally:
+        wire.close()
+    client = clients(served)
+    with client.subscribe(served.queue, timeout=5) as stream:
+        client.publish(served.queue, {"n": 1})
+        client.publish_flush()
+        assert [m.data for m in take(stream, 1)] == [{"n": 1}]
