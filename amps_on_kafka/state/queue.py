@@ -520,6 +520,19 @@ class QueueState:
         for entry in list(self._leased[subscription].values()):
             self._lease_ended(entry, now)
         del self._leased[subscription]
+        self._forget_in_parked(subscription)
+
+    def _forget_in_parked(self, subscription: Subscription) -> None:
+        """Parked messages are no longer grouped by a subscription that ended (which
+        would keep it, and its session, alive)."""
+        parked, self._parked = self._parked, {}
+        for wanted_by, group in parked.items():
+            key = wanted_by - {subscription}
+            same = self._parked.get(key)
+            if same is None:
+                self._parked[key] = group
+            else:
+                group.drain_into(same)
 
     def disconnect(self, session: Hashable) -> None:
         for subscription in [s for s in self.subscriptions if s.session == session]:

@@ -3,6 +3,9 @@ state machine with a clock the test moves."""
 
 from __future__ import annotations
 
+import gc
+from types import FrameType
+
 import pytest
 
 from amps_on_kafka.expr import compile_filter
@@ -288,6 +291,18 @@ def test_a_returned_message_goes_before_later_ones_passed_over_while_its_holder_
     state.cancel([("orders", 0, 0)], "even")
     assert to(run(state)) == [("even", 0)]
     assert even.outstanding == 1
+
+
+def test_a_subscription_that_ended_is_not_kept_alive_by_messages_it_wanted():
+    state = queue()
+    subscriber(state, "picky", 1, flt=matches("/n = 999"))
+    gone = subscriber(state, "gone", 1)
+    fill(state, 2)
+    assert to(run(state)) == [("gone", 0)]  # 1 waits for "gone": "picky" has room, no use
+    state.unsubscribe(gone)
+    holders = [r for r in gc.get_referrers(gone) if not isinstance(r, FrameType)]
+    assert holders == []
+    assert sorted(e.id[2] for e in state.browse()) == [0, 1]
 
 
 def test_messages_no_subscriber_with_room_wants_are_not_filtered_again_on_every_dispatch():
