@@ -110,9 +110,14 @@ class TopicRegistry:
     def register(self, spec: TopicSpec) -> None:
         ensure_registry_topic(self._admin)
         producer = log_producer(self.bootstrap, **{"linger.ms": 0})
-        producer.produce(REGISTRY_TOPIC, key=spec.name.encode(), value=spec.to_json())
-        if producer.flush(METADATA_TIMEOUT) != 0:
-            raise TransportError(f"Kafka did not acknowledge the registry entry for {spec.name!r}")
+        try:
+            producer.produce(REGISTRY_TOPIC, key=spec.name.encode(), value=spec.to_json())
+            if producer.flush(METADATA_TIMEOUT) != 0:
+                raise TransportError(
+                    f"Kafka did not acknowledge the registry entry for {spec.name!r}"
+                )
+        finally:
+            producer.close()
         with self._lock:
             self._specs[spec.name] = spec
 

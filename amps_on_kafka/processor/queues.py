@@ -403,7 +403,7 @@ class QueueRuntime:
         self.config = config
         self.name = config.name
         self.events_topic = events_topic(config.name)
-        self.state = QueueState(QueuePolicy.from_config(config), engine.clock)
+        self.state = QueueState(QueuePolicy.from_config(config), engine.clock, self._in_log)
         self.ready = threading.Event()
         self.failure: str | None = None
         self.store: QueueStore | None = None
@@ -437,9 +437,24 @@ class QueueRuntime:
         if self._consumer is not None:
             self._commit_recovery(force=True)
             self._consumer.close()
+        self._admin = None  # an AdminClient has no close(): dropping it lets its threads go
         if self.store is not None:
             self.store.close()
             self.store = None
+
+    def _in_log(self, message: MessageId) -> bool:
+        """Whether Kafka holds `message`, which the queue has not read: an early ack is
+        remembered only for a message that exists, or a bookmark naming an offset past the
+        end of the log would silently swallow whatever is published there later."""
+        topic, partition, offset = message
+        where = TopicPartition(topic, partition)
+        try:
+            _, end = self._consumer.get_watermark_offsets(where, cached=True)  # type: ignore[union-attr]
+            if offset >= end:  # the cached end may be behind: ask the broker
+                _, end = self._consumer.get_watermark_offsets(where, timeout=METADATA_TIMEOUT)  # type: ignore[union-attr]
+        except KafkaException:
+            return False
+        return offset < end
 
     # -- recovery ------------------------------------------------------------------
     def _recover(self) -> None:
@@ -666,8 +681,10 @@ class QueueRuntime:
     def flush(self) -> None:
         """Under the engine lock: produce the outbox's events, dead letters and deliveries.
 
-        at-most-once deliveries wait for their events (the message leaving the queue) to
-        be durable, so a crash can never deliver a message twice.
+        Deliveries whose events a restart must know wait for those to be durable:
+        at-most-once (the message left the queue), so a crash can never deliver it twice,
+        and MaxDeliveries (the delivery count), so a crash can never deliver it once more
+        than allowed.
         """
         box = self.state.outbox.take()
         if not box:
@@ -676,7 +693,9 @@ class QueueRuntime:
             self._dead_letter(entry)
         deferred = None
         if box.events:
-            deferred = box.deliveries if self.state.policy.at_most_once else None
+            policy = self.state.policy
+            counted = policy.at_most_once or policy.max_deliveries is not None
+            deferred = box.deliveries if counted else None
             self._produce(box.events, deferred)
         if deferred is None and box.deliveries:
             self.engine.send(self.name, box.deliveries)

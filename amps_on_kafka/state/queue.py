@@ -328,9 +328,16 @@ def _pop_first(sources: list[ReadyQueue]) -> QueueEntry | None:
 class QueueState:
     """One queue's messages, leases and subscriptions."""
 
-    def __init__(self, policy: QueuePolicy, clock: Clock) -> None:
+    def __init__(
+        self,
+        policy: QueuePolicy,
+        clock: Clock,
+        in_log: Callable[[MessageId], bool] | None = None,
+    ) -> None:
         self.policy = policy
         self.clock = clock
+        # whether the log holds a message the queue has not read; None: assume it does
+        self.in_log = in_log
         self.entries: dict[MessageId, QueueEntry] = {}  # every message in the queue
         self.positions: dict[TP, int] = {}  # next offset to read in each partition
         self.subscriptions: list[Subscription] = []
@@ -668,11 +675,11 @@ class QueueState:
                 return 0
             self._drop_taken(taken)
             return 1
-        if self._unread(message):
+        if self._unread(message) and (self.in_log is None or self.in_log(message)):
             self._early_for(message).removed = True
             self.outbox.events.append(QueueEvent(EventKind.REMOVE, message, reason=Reason.ACK))
             return 1
-        return 0  # already gone
+        return 0  # already gone, or past the end of the log: no message to remember
 
     def _may_act(self, entry: QueueEntry, session: Hashable) -> bool:
         if self.policy.permissive:

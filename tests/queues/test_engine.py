@@ -89,6 +89,67 @@ def test_a_lease_that_runs_out_returns_the_message_for_redelivery(queue_config, 
     assert 0 < again.lease_ms <= 300
 
 
+def test_with_MaxDeliveries_a_message_goes_out_only_once_its_delivery_count_is_durable(
+    queue_config, engines, publisher
+):
+    """Else a crash right after a delivery forgets it, and the message is delivered once
+    more than MaxDeliveries allows."""
+    config = queue_config(MaxDeliveries=2)
+    queue = config.queues[0].name
+    engine = engines(config)
+    state = engine.runtimes[queue].state
+    durable_when_sent = Inbox()
+    engine.subscribe(
+        queue, lambda m: durable_when_sent((m, state.ev_next)), session="s1", sub_id="a"
+    )
+    publish(publisher, queue, [1])
+    [(message, events_durable)] = durable_when_sent.wait_for(1)
+    assert events_durable >= 1
+    [[event]] = event_records(engine, queue)
+    assert (event.kind, event.deliveries) == (EventKind.DELIVER, 1)
+    assert "{}|{}|{}|".format(*event.id) == message.bookmark
+
+
+def test_an_ack_for_an_offset_past_the_end_of_the_log_is_not_remembered(
+    queue_config, engines, publisher
+):
+    """A stale or mistyped bookmark must not swallow the message published there later."""
+    config = queue_config()
+    queue = config.queues[0].name
+    engine = engines(config)
+    assert engine.ack(queue, f"{queue}|0|2|", "s1").result(10).acked == 0
+    inbox = Inbox()
+    engine.subscribe(queue, inbox, session="s1", sub_id="a", max_backlog=10)
+    publish(publisher, queue, range(3))
+    assert [m.data["n"] for m in inbox.wait_for(3)] == [0, 1, 2]
+
+
+def test_an_ack_for_a_message_in_the_log_but_not_read_yet_is_honoured_when_it_is(
+    queue_config, engines, publisher
+):
+    """TargetQueueDepth stops the reading, so the queue has not read every message the
+    log holds; an ack for one of those is remembered (seed 001)."""
+    config = queue_config(TargetQueueDepth=100)
+    queue = config.queues[0].name
+    publish(publisher, queue, range(2500))
+    engine = engines(config)
+    state = engine.runtimes[queue].state
+    with engine.lock:
+        assert state.positions[(queue, 0)] <= 2400  # the engine stopped reading before it
+    assert engine.ack(queue, f"{queue}|0|2400|", "s1").result(10).acked == 1
+    inbox = Inbox()
+    engine.subscribe(queue, inbox, session="s1", sub_id="a", max_backlog=100)
+    delivered: list = []
+    while len(delivered) < 2499:
+        inbox.wait_for(1)
+        batch = inbox.take()
+        delivered += batch
+        engine.ack(queue, [m.bookmark for m in batch], "s1").result(10)
+    eventually(engine, lambda: state.depth == 0 and state.positions[(queue, 0)] == 2500)
+    assert f"{queue}|0|2400|" not in {m.bookmark for m in delivered}
+    assert len(delivered) == 2499
+
+
 def test_disconnect_returns_leases_to_another_subscriber_at_once(queue_config, engines, publisher):
     config = queue_config(LeasePeriod="1h")
     queue = config.queues[0].name
