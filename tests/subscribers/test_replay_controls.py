@@ -282,7 +282,10 @@ def test_cli_replay_rate_paces_the_output(bootstrap, filled):
     unpaced, _ = cli_replay(bootstrap, topic)
     paced, lines = cli_replay(bootstrap, topic, "--rate", "100")
     assert len(lines) == 201
-    assert paced - unpaced == pytest.approx(2.0, abs=0.5)  # 200 steps of 10 ms
+    # 200 steps of 10 ms: never sooner (due times advance by exact steps); later only by
+    # what a busy machine adds to a whole CLI run, which varies by a second or so here
+    assert paced >= 2.0
+    assert paced - unpaced < 4.0
 
 
 def test_cli_replay_conflates_by_a_key(bootstrap, client, topic_factory):
