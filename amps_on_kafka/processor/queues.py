@@ -693,9 +693,7 @@ class QueueRuntime:
             self._dead_letter(entry)
         deferred = None
         if box.events:
-            policy = self.state.policy
-            counted = policy.at_most_once or policy.max_deliveries is not None
-            deferred = box.deliveries if counted else None
+            deferred = box.deliveries if self.state.policy.records_deliveries else None
             self._produce(box.events, deferred)
         if deferred is None and box.deliveries:
             self.engine.send(self.name, box.deliveries)

@@ -112,6 +112,12 @@ class QueuePolicy:
             target_depth=queue.target_queue_depth,
         )
 
+    @property
+    def records_deliveries(self) -> bool:
+        """Whether each delivery is an event a restart must know: at-most-once (the
+        message leaves the queue) or MaxDeliveries (the count)."""
+        return self.at_most_once or self.max_deliveries is not None
+
     def rank(self, data: Any) -> int:
         """Priority as AMPS reads it: an unsigned 64-bit integer; anything else is lowest."""
         if self.priority is None:
@@ -291,16 +297,14 @@ class ReadyQueue:
 
     def head(self) -> tuple[int, int]:
         """The delivery order of the message `pop` would return (the queue is not empty)."""
-        in_order, others = self._in_order, self._others
-        if others and (not in_order or others[0][:2] < _order(in_order[0])):
-            return others[0][:2]
-        return _order(in_order[0])
+        return self._others[0][:2] if self._others_first() else _order(self._in_order[0])
 
     def pop(self) -> QueueEntry:
+        return heapq.heappop(self._others)[2] if self._others_first() else self._in_order.popleft()
+
+    def _others_first(self) -> bool:
         in_order, others = self._in_order, self._others
-        if others and (not in_order or others[0][:2] < _order(in_order[0])):
-            return heapq.heappop(others)[2]
-        return in_order.popleft()
+        return bool(others) and (not in_order or others[0][:2] < _order(in_order[0]))
 
     def drain_into(self, other: ReadyQueue) -> None:
         while self:
