@@ -59,7 +59,9 @@ class Expiration(_Strict):
     """Seed 000: disabled (default), enabled (per-message only) or a topic default."""
 
     mode: Literal["disabled", "enabled"]
-    default_seconds: float | None = None
+    # At most 100 years, log/envelope.py's MAX_EXPIRATION: a deadline must fit the stored
+    # record, and a default of `.inf` would make the worker refuse every record.
+    default_seconds: float | None = Field(None, ge=0, le=100 * 365.25 * 86_400)
 
     @classmethod
     def parse(cls, value: object) -> Expiration:
@@ -82,6 +84,8 @@ class SowConfig(_Strict):
     )
     key_from_publish: bool = Field(False, alias="KeyFromPublish")
     dead_letter_topic: str | None = Field(None, alias="DeadLetterTopic")
+    # Without it a DeadLetterTopic missing from Kafka stops the worker at startup.
+    create_dead_letter_topic: bool = Field(False, alias="CreateDeadLetterTopic")
 
     @field_validator("key", mode="before")
     @classmethod

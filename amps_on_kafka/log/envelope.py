@@ -8,6 +8,7 @@ json. A consumer that sees no header knows the default.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -34,6 +35,31 @@ H_FILTER = "f"
 H_SOW_KEYS = "ks"
 
 _COMMANDS = {c.value: c for c in Command}
+
+
+class EnvelopeError(MessageError):
+    """A header of a log record does not decode: the record says nothing usable."""
+
+# The longest lifetime a message may ask for: 100 years. A stored deadline is a signed
+# 64-bit count of milliseconds (state/record.py); capping the lifetime here leaves room
+# for any timestamp a log can hold before year 292 million, and makes `inf`, `nan` or
+# `1e17` a refusal with a reason instead of a record no worker can store.
+MAX_EXPIRATION = 100 * 365.25 * 86_400
+
+
+def check_expiration(value: float) -> float:
+    """An expiration in seconds as every entry point and the worker accept it: finite,
+    0 (never) or positive, and at most MAX_EXPIRATION. One definition for the client,
+    the gateway, the CLI and the log, so all refuse the same values, with this reason.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MessageError(f"expiration must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0 or value > MAX_EXPIRATION:
+        raise MessageError(
+            f"expiration must be 0 (never) or a positive number of seconds up to "
+            f"{MAX_EXPIRATION:.0f} (100 years), got {value!r}"
+        )
+    return value
 
 
 @dataclass(slots=True)
@@ -96,7 +122,7 @@ class Envelope:
                 elif name == H_SOW_KEY:
                     envelope.sow_key = value.decode()
                 elif name == H_EXPIRATION:
-                    envelope.expiration = float(value)
+                    envelope.expiration = check_expiration(float(value))
                 elif name == H_CORRELATION:
                     envelope.correlation_id = value.decode()
                 elif name == H_TOPIC:
@@ -108,7 +134,7 @@ class Envelope:
                 elif name == H_SOW_KEYS:
                     envelope.sow_keys = _sow_keys(value)
         except (ValueError, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
-            raise MessageError(f"bad envelope header {name!r}: {exc}") from exc
+            raise EnvelopeError(f"bad envelope header {name!r}: {exc}") from exc
         return envelope
 
 

@@ -11,10 +11,11 @@ is closed.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -29,12 +30,19 @@ from confluent_kafka import (
 )
 
 from amps_on_kafka.config import Config
-from amps_on_kafka.errors import MessageError, TransportError
-from amps_on_kafka.log.envelope import Command, dead_letter_headers, is_plain_publish
-from amps_on_kafka.log.kafka import CONSUMER_TUNING, consume_available, log_producer
+from amps_on_kafka.errors import TransportError
+from amps_on_kafka.log.envelope import Command, is_plain_publish
+from amps_on_kafka.log.kafka import CONSUMER_TUNING, consume_available, partitions_of
+from amps_on_kafka.log.keys import Placement
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.topics import spec_from_config
 from amps_on_kafka.processor.collections import collections_paused
+from amps_on_kafka.processor.dead_letters import (
+    DeadLetterFailed,
+    DeadLetters,
+    Letter,
+    ensure_dead_letter_topics,
+)
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
@@ -47,6 +55,7 @@ log = logging.getLogger(__name__)
 DEFAULT_GROUP = "amps-kafka-workers"
 BATCH_SIZE = 5000
 MAX_IDLE_WAIT = 0.05  # seconds: bounds expiration lag when no records arrive
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # seconds a partition waits to retry its dead letters
 
 
 def now_ms() -> int:
@@ -78,11 +87,18 @@ class Worker:
         self.queues = (
             QueueEngine(config, bootstrap, self.state_dir, clock=clock) if config.queues else None
         )
-        self.rejected = 0
+        # Records refused since start, by category (state/sow.py `_kind`): misplaced_key,
+        # bad_envelope, bad_filter, bad_record, apply_error.
+        self.rejected: Counter[str] = Counter()
         self.applied = 0  # log records applied since start: a resumed worker applies none twice
+        self.dead_letter_failures = 0  # writes of dead letters Kafka did not acknowledge
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._dead_letters = None
+        self._dead_letters = DeadLetters(bootstrap)
+        self._group_consumer: Consumer | None = None
+        # Partitions held on a record whose dead letter failed: when each tries again, and
+        # the wait after that (doubling up to RETRY_MAX).
+        self._held: dict[tuple[str, int], tuple[float, float]] = {}
         self._failure: BaseException | None = None
         self._next_flush = time.monotonic() + config.state.flush_every
 
@@ -161,7 +177,8 @@ class Worker:
             if self.queues is not None:
                 self.queues.stop()
             return
-        consumer = self._consumer()
+        ensure_dead_letter_topics(self.bootstrap, self.config)
+        consumer = self._group_consumer = self._consumer()
         try:
             consumer.subscribe(
                 list(self.rules),
@@ -177,12 +194,10 @@ class Worker:
                     del records
                     self._expire_due()
                 self._flush_due()
+                self._release_held()
         finally:
             consumer.close()  # revokes, which closes every store
-            if self._dead_letters is not None:
-                self._dead_letters.flush(10)
-                self._dead_letters.close()
-                self._dead_letters = None
+            self._dead_letters.close()
             if self.queues is not None:
                 self.queues.stop()
 
@@ -202,6 +217,8 @@ class Worker:
 
     # -- partitions ---------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for topic in {tp.topic for tp in partitions}:
+            self._place(consumer, topic)
         for tp in partitions:
             store = self._open(tp.topic, tp.partition)
             stored = store.next_offset()
@@ -214,6 +231,12 @@ class Worker:
             )
         consumer.incremental_assign(partitions)
         self.engine.ready.set()
+
+    def _place(self, consumer: Consumer, topic: str) -> None:
+        """Where the topic's keys belong, by its partition count as Kafka has it now (a
+        topic given more partitions is rebalanced, which brings the worker back here)."""
+        count = len(partitions_of(consumer, topic))
+        self.rules[topic].placement = Placement(count)
 
     def _open(self, topic: str, partition: int) -> PartitionStore:
         rules = self.rules[topic]
@@ -230,6 +253,7 @@ class Worker:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
+            self._held.pop((tp.topic, tp.partition), None)
             store = self.engine.detach(tp.topic, tp.partition)
             if store is not None:
                 store.close()
@@ -247,18 +271,25 @@ class Worker:
             store = self.engine.store(topic, partition)
             if store is None:
                 continue
-            rules = self.rules[topic]
-            staged = self._replace_blind(store, rules, batch)
-            if staged is not None:
-                self._write_replacements(store, staged, batch[-1].offset() + 1)
-            else:
-                codec = rules.codec
-                messages = [
-                    LogMessage(topic, partition, r.offset(), r.timestamp()[1], r.value(), r, codec)
-                    for r in batch
-                ]
-                self._apply_partition(store, rules, messages)
+            try:
+                self._apply_batch(store, self.rules[topic], batch)
+            except DeadLetterFailed as exc:
+                self._hold(topic, partition, batch[0].offset(), exc)
+                continue
+            self._held.pop((topic, partition), None)
             self.applied += len(batch)
+
+    def _apply_batch(self, store: PartitionStore, rules: SowRules, batch: list[Message]) -> None:
+        staged = self._replace_blind(store, rules, batch)
+        if staged is not None:
+            self._write_replacements(store, staged, batch[-1].offset() + 1)
+            return
+        topic, partition, codec = store.topic, store.partition, rules.codec
+        messages = [
+            LogMessage(topic, partition, r.offset(), r.timestamp()[1], r.value(), r, codec)
+            for r in batch
+        ]
+        self._apply_partition(store, rules, messages)
 
     def _replace_blind(
         self, store: PartitionStore, rules: SowRules, records: list[Message]
@@ -267,24 +298,32 @@ class Worker:
         unread (SowRules.blind_publishes, and no oof subscriber wants old records) is
         staged as records to store, with no envelope, SowRecord or Change object per
         record. Returns None unless every record is a plain publish with a valid
-        payload: then the general path applies the batch, and rejects what it must.
+        payload whose key belongs in this partition: then the general path applies the
+        batch, and rejects what it must. The placement check hashes the batch's keys at
+        once (Placement.misplaced), which costs far less than one hash per record.
         """
         if not rules.blind_publishes or self.engine.wants_previous(rules.topic):
             return None
         decode, key_of = rules.codec.decode, rules.keys
         staged = store.replacements()
         put, pairs = staged.put, staged.pairs
-        for record in records:
-            payload = record.value()
-            if payload is None or not is_plain_publish(record.headers()):
-                return None
-            try:
+        raw_keys: list[bytes] = []
+        try:
+            for record in records:
+                payload = record.value()
+                if payload is None or not is_plain_publish(record.headers()):
+                    return None
                 key = key_of(decode(payload))
-            except MessageError:
-                return None
-            stored = pack_record(record.offset(), record.timestamp()[1], NEVER, payload)
-            put(key.encode(), stored)
-            pairs.append((key, stored))
+                raw = key.encode()
+                stored = pack_record(record.offset(), record.timestamp()[1], NEVER, payload)
+                put(raw, stored)
+                pairs.append((key, stored))
+                raw_keys.append(raw)
+        except Exception:  # MessageError, or anything odd: the general path says why
+            return None
+        placement = rules.placement
+        if placement is not None and placement.misplaced(raw_keys, store.partition):
+            return None
         return staged
 
     def _write_replacements(self, store: PartitionStore, staged: Replacements, end: int) -> None:
@@ -319,27 +358,48 @@ class Worker:
             self.engine.notify(applied)
 
     def _report_rejections(self, results: list[CommandResult], messages: list[LogMessage]) -> None:
+        """Log each refused record with its bookmark and write its dead letter; the batch
+        is written only once Kafka holds every letter (DeadLetterFailed otherwise), so
+        the offset never moves past a record whose letter was lost."""
         rejected = [r for r in results if r.error is not None]
         if not rejected:
             return
+        target = self.config.sow_for(messages[0].topic).dead_letter_topic  # type: ignore[union-attr]
         by_offset = {m.offset: m for m in messages}
+        letters = []
         for result in rejected:
-            self.rejected += 1
             bookmark = f"{result.topic}|{result.partition}|{result.offset}|"
             log.warning("skipped record %s: %s", bookmark, result.error)
-            self._dead_letter(by_offset[result.offset], bookmark, result.error)  # type: ignore[arg-type]
-        if self._dead_letters is not None and self._dead_letters.flush(30) != 0:
-            raise TransportError("Kafka did not acknowledge the dead letters; not moving past them")
+            if target is not None:
+                letters.append(_letter(target, by_offset[result.offset], result, bookmark))
+        if letters:
+            self._dead_letters.send(letters)
+        self.rejected.update(r.rejection or "bad_record" for r in rejected)
 
-    def _dead_letter(self, message: LogMessage, bookmark: str, reason: str) -> None:
-        target = self.config.sow_for(message.topic).dead_letter_topic  # type: ignore[union-attr]
-        if target is None:
-            return
-        if self._dead_letters is None:
-            self._dead_letters = log_producer(self.bootstrap)
-        headers = dead_letter_headers(message.headers, reason, bookmark)
-        self._dead_letters.produce(target, message.raw, headers=headers)
-        self._dead_letters.poll(0)
+    def _hold(self, topic: str, partition: int, offset: int, error: DeadLetterFailed) -> None:
+        """Keep a partition on the batch whose dead letters failed: rewind it there and
+        pause it until its retry is due, while the other partitions go on."""
+        self.dead_letter_failures += 1
+        _, wait = self._held.get((topic, partition), (0.0, RETRY_FIRST / 2))
+        wait = min(wait * 2, RETRY_MAX)
+        self._held[(topic, partition)] = (time.monotonic() + wait, wait)
+        log.error(
+            "%s|%s stays at offset %s, retrying in %.0fs: %s", topic, partition, offset, wait, error
+        )
+        tp = TopicPartition(topic, partition, offset)
+        consumer = self._group_consumer
+        consumer.pause([tp])  # type: ignore[union-attr]
+        consumer.seek(tp)  # type: ignore[union-attr]
+
+    def _release_held(self) -> None:
+        """Resume the held partitions whose retry is due. Each keeps its wait until a
+        batch of its own gets through, so a failure again waits twice as long."""
+        now = time.monotonic()
+        due = [tp for tp, (at, _) in self._held.items() if at <= now]
+        for tp in due:
+            self._held[tp] = (math.inf, self._held[tp][1])  # resumed: not due again
+        if due:
+            self._group_consumer.resume([TopicPartition(t, p) for t, p in due])  # type: ignore[union-attr]
 
     def _consumer_error(self, error: KafkaError) -> None:
         if error.fatal():
@@ -386,6 +446,14 @@ class Worker:
         state.swept = due
         changes = [c for c in (rules.expire(state, key, now) for key in keys) if c is not None]
         self._commit(store, partial(store.write, state), BatchApplied(changes, []), blind=False)
+
+
+def _letter(target: str, message: LogMessage, result: CommandResult, bookmark: str) -> Letter:
+    try:
+        headers = message.headers
+    except Exception:  # headers the client library cannot read: the letter goes without
+        headers = None
+    return Letter.of(target, message.raw, headers, result.error or "", bookmark)
 
 
 def _replaced_change(store: PartitionStore, sow_key: str, stored: bytes) -> Change:

@@ -43,6 +43,7 @@ class CommandResult:
     correlation_id: str | None
     deleted: int = 0
     error: str | None = None
+    rejection: str | None = None  # with an error: its category (state/sow.py, _kind)
 
 
 Replaced = tuple[str, bytes]  # a publish applied blind: its sow key and its record as stored

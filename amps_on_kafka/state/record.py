@@ -15,6 +15,7 @@ from amps_on_kafka.log.codecs import Codec
 
 _HEADER = struct.Struct(">qqq")  # offset, timestamp ms, deadline ms (0 = never)
 NEVER = 0
+MAX_DEADLINE = 2**63 - 1  # the largest deadline the packed header's signed 64 bits hold
 
 
 def pack_record(offset: int, timestamp: int, deadline: int, payload: bytes) -> bytes:

@@ -13,14 +13,14 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from amps_on_kafka.config import SowConfig
-from amps_on_kafka.errors import AmpsError, MessageError
+from amps_on_kafka.errors import AmpsError, FilterError, MessageError
 from amps_on_kafka.expr import Filter, compile_filter
 from amps_on_kafka.log.codecs import Codec
-from amps_on_kafka.log.envelope import Command, Envelope
-from amps_on_kafka.log.keys import KeyExtractor
+from amps_on_kafka.log.envelope import H_EXPIRATION, Command, Envelope, EnvelopeError
+from amps_on_kafka.log.keys import KeyExtractor, MisplacedKey, Placement
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.state.events import Change, ChangeKind, CommandResult
-from amps_on_kafka.state.record import NEVER, SowRecord
+from amps_on_kafka.state.record import MAX_DEADLINE, NEVER, SowRecord
 
 
 class State(Protocol):
@@ -76,6 +76,10 @@ class SowRules:
         # deadline, whatever the old record was: the worker may apply such a batch
         # without reading anything (Worker._replace_blind).
         self.blind_publishes = not self.expiring and not self.key_from_publish
+        # Where each SOW key belongs among the topic's partitions: set by the worker from
+        # Kafka's metadata, so a record found in another partition is rejected. None (Spark,
+        # tests of the rules alone) checks nothing.
+        self.placement: Placement | None = None
 
     # -- expiration (seed 000) ------------------------------------------------------
     def deadline(self, timestamp: int, expiration: float | None) -> int:
@@ -86,10 +90,17 @@ class SowRules:
         if expiration is enabled later), but no topic default applies.
         """
         if expiration is not None:
-            return NEVER if expiration == 0 else timestamp + round(expiration * 1000)
-        if self.default_expiration is not None:
-            return timestamp + round(self.default_expiration * 1000)
-        return NEVER
+            deadline = NEVER if expiration == 0 else timestamp + round(expiration * 1000)
+        elif self.default_expiration is not None:
+            deadline = timestamp + round(self.default_expiration * 1000)
+        else:
+            return NEVER
+        if not -MAX_DEADLINE <= deadline <= MAX_DEADLINE:  # a log timestamp beyond reason
+            raise MessageError(
+                f"expiration {expiration} (header {H_EXPIRATION!r}) from timestamp {timestamp} "
+                "gives a deadline a stored record cannot hold"
+            )
+        return deadline
 
     def is_expired(self, record: SowRecord, at: int) -> bool:
         return self.expiring and record.expired_at(at)
@@ -103,7 +114,13 @@ class SowRules:
 
     # -- applying log records ---------------------------------------------------------
     def apply(self, state: State, message: LogMessage, out: Applied) -> None:
-        """Apply one record; a record invalid for this topic is rejected, never fatal."""
+        """Apply one record; a record invalid for this topic is rejected, never fatal.
+
+        Anything a record makes the rules raise rejects that record alone, with the error
+        as its reason: one record must not stop its partition (it would stop it on every
+        restart too, since the record stays in the log). Every check comes before the
+        first change to the state, so a rejected record changes nothing.
+        """
         try:
             envelope = message.envelope
             if envelope.command is Command.SOW_DELETE:
@@ -112,7 +129,10 @@ class SowRules:
             else:
                 self._upsert(state, message, envelope, out)
         except AmpsError as exc:
-            out.results.append(_result(message, _envelope_or_blank(message), error=exc.reason))
+            out.results.append(_rejected(message, exc.reason, _kind(exc)))
+        except Exception as exc:  # a defect the record exposed: still never fatal
+            reason = f"can't apply the record ({type(exc).__name__}: {exc})"
+            out.results.append(_rejected(message, reason, "apply_error"))
 
     def key_of(self, message: LogMessage, envelope: Envelope) -> str:
         """The record's SOW key by this topic's configuration, computed once per record."""
@@ -122,12 +142,26 @@ class SowRules:
                 key = envelope.sow_key
             else:
                 key = self.keys(message.data)
+            self.check_placement(key, message.partition)
             message.computed_key = key
         return key
+
+    def check_placement(self, key: str, partition: int) -> None:
+        """A record whose SOW key belongs in another partition is refused: applied here,
+        the key would have a record in two partitions, each half of its history."""
+        placement = self.placement
+        if placement is not None and placement.count > 1:
+            home = placement.partition(key)
+            if home != partition:
+                raise MisplacedKey(
+                    f"SOW key {key!r} belongs in partition {home} of {placement.count} "
+                    f"({placement.partitioner}), not in partition {partition}"
+                )
 
     def _upsert(self, state: State, message: LogMessage, envelope: Envelope, out: Applied) -> None:
         data = message.data
         key = self.key_of(message, envelope)
+        deadline = self.deadline(message.timestamp, envelope.expiration)
         delta = envelope.command is Command.DELTA_PUBLISH
         if out.previous or delta or self.expiring:
             existing = self._live(state, key, message.timestamp, out)
@@ -143,7 +177,7 @@ class SowRules:
             payload,
             message.offset,
             message.timestamp,
-            self.deadline(message.timestamp, envelope.expiration),
+            deadline,
             self.codec,
         )
         state.set(key, record)
@@ -186,6 +220,8 @@ class SowRules:
             return [r for r in candidates if self._live(state, r.sow_key, at, out) is not None]
         if envelope.sow_keys is not None:
             keys = envelope.sow_keys
+            for key in keys:
+                self.check_placement(key, message.partition)
         else:
             keys = (self.key_of(message, envelope),)
         return [r for r in (self._live(state, k, at, out) for k in keys) if r is not None]
@@ -219,6 +255,23 @@ def _envelope_or_blank(message: LogMessage) -> Envelope:
         return message.envelope
     except MessageError:
         return Envelope()
+
+
+def _kind(exc: AmpsError) -> str:
+    """The rejection's category, for the worker's counters (Worker.rejected)."""
+    if isinstance(exc, MisplacedKey):
+        return "misplaced_key"
+    if isinstance(exc, EnvelopeError):
+        return "bad_envelope"
+    if isinstance(exc, FilterError):
+        return "bad_filter"
+    return "bad_record"
+
+
+def _rejected(message: LogMessage, reason: str, kind: str) -> CommandResult:
+    result = _result(message, _envelope_or_blank(message), error=reason)
+    result.rejection = kind
+    return result
 
 
 def _result(

@@ -121,7 +121,7 @@ def test_bad_records_on_the_log_are_skipped_counted_and_dead_lettered(
     worker = start_worker(sow_config(topic, partitions=1, DeadLetterTopic=dead))
     wait_caught_up(worker, bootstrap, topic, 1)
     assert sow_of(worker, topic) == {"1": {"id": 1, "ok": True}}
-    assert worker.rejected == 2
+    assert worker.rejected == {"bad_record": 2}
     with Replay(bootstrap, dead, "0", until="0|1|", max_idle=10) as log:
         letters = [m for m in log if getattr(m, "command", None) != "ack"]
     assert [m.raw for m in letters] == [b"{not json", orjson.dumps({"no_id": 1})]
