@@ -7,7 +7,8 @@ which can't collide with a single key nor be split ambiguously.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -104,15 +105,48 @@ class MisplacedKey(MessageError):
     """A record's SOW key belongs in another partition than the one that holds it."""
 
 
+def fnv1a(data: bytes) -> int:
+    """32-bit FNV-1a, unsigned."""
+    h = 0x811C9DC5
+    for byte in data:
+        h = ((h ^ byte) * 0x01000193) & _MASK
+    return h
+
+
+def _fnv1a_sarama(key: bytes) -> int:
+    """FNV-1a read as a signed 32-bit number, then its absolute value (INT32_MIN stays
+    2**31): librdkafka's fnv1a partitioner does this to place keys as Sarama's (Go)
+    default hash partitioner does (rdfnv1a.c)."""
+    h = fnv1a(key)
+    return (2**32 - h) & _MASK if h & 0x80000000 else h
+
+
+# A topic's `Partitioner`: how the producers that write it place a keyed record, so ours
+# put each SOW key where theirs do. The names are librdkafka's hashes; for a non-empty key
+# its `_random` variants (murmur2_random, consistent_random, fnv1a_random) hash alike.
+#   murmur2  Kafka's Java client and librdkafka's murmur2(_random): positive murmur2 % n
+#   crc32    librdkafka's default consistent_random (kcat, confluent-kafka): CRC-32 % n
+#   fnv1a    librdkafka's fnv1a(_random) and Sarama's (Go) default: |FNV-1a as int32| % n
+_HASHES: dict[str, Callable[[bytes], int]] = {
+    "murmur2": lambda key: murmur2(key) & 0x7FFFFFFF,
+    "crc32": zlib.crc32,
+    "fnv1a": _fnv1a_sarama,
+}
+PARTITIONERS = tuple(_HASHES)
+
+
 def partition_for(key: bytes, count: int, partitioner: str = "murmur2") -> int:
     """The partition a Kafka key goes to among `count`, by the topic's partitioner.
 
-    The one definition the worker's placement check uses; a topic written by producers
-    with another partitioner names it, and it is added here.
+    The one definition every publisher and the worker's placement check use, held to
+    librdkafka's own partitioners by tests/log/test_partitioners.py.
     """
-    if partitioner != "murmur2":
-        raise ValueError(f"unknown partitioner {partitioner!r}")
-    return (murmur2(key) & 0x7FFFFFFF) % count
+    hash_of = _HASHES.get(partitioner)
+    if hash_of is None:
+        raise ValueError(
+            f"unknown partitioner {partitioner!r} (one of {', '.join(PARTITIONERS)})"
+        )
+    return hash_of(key) % count
 
 
 class Placement:
