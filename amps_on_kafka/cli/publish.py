@@ -8,13 +8,27 @@ import click
 
 from amps_on_kafka.cli.common import bootstrap_option, cli_client_name, kafka, reports_errors
 from amps_on_kafka.client import Client
+from amps_on_kafka.errors import MessageError
+from amps_on_kafka.log.envelope import check_expiration
+
+
+def _expiration(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
+    """Refuse inf, nan, negative or beyond 100 years before anything is published."""
+    try:
+        return None if value is None else check_expiration(value)
+    except MessageError as exc:
+        raise click.BadParameter(exc.reason) from exc
 
 
 @click.command()
 @click.argument("topic")
 @click.argument("data", required=False)
 @click.option(
-    "--expiration", type=float, default=None, help="Seconds until the record expires (0 = never)."
+    "--expiration",
+    type=float,
+    default=None,
+    callback=_expiration,
+    help="Seconds until the record expires (0 = never, at most 100 years).",
 )
 @click.option("--delta", is_flag=True, help="delta_publish instead of publish.")
 @bootstrap_option

@@ -26,7 +26,7 @@ from amps_on_kafka.client.acks import AckBatcher
 from amps_on_kafka.client.message import Message
 from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.errors import MessageError, PublishError, ServerError, TransportError
-from amps_on_kafka.log.envelope import Command
+from amps_on_kafka.log.envelope import Command, check_expiration
 from amps_on_kafka.log.message import COMPLETED, Completed
 from amps_on_kafka.log.publisher import FailedWrite
 from amps_on_kafka.server.frames import READ_SIZE, Frame, FrameDecoder, encode_frame
@@ -176,6 +176,8 @@ class TcpTransport:
         sequence: int | None = None,
     ) -> int:
         """`sequence` republishes under the original number (a publish store's replay)."""
+        if expiration is not None:
+            check_expiration(expiration)  # refused here, before it uses a sequence number
         sequence = self._reserve(1) if sequence is None else sequence
         header = {"c": command.value, "t": topic, "s": sequence}
         _set(header, e=expiration, k=sow_key, x=correlation_id)

@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from amps_on_kafka.errors import MessageError, PublishError
 from amps_on_kafka.log.codecs import encode_payload
-from amps_on_kafka.log.envelope import Command, Envelope, command_headers
+from amps_on_kafka.log.envelope import Command, Envelope, check_expiration, command_headers
 from amps_on_kafka.log.kafka import log_producer
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 
@@ -103,10 +103,8 @@ class LogPublisher:
             if extract and sow_key is None
             else self._sow_key(spec, document, sow_key)
         )
-        if expiration is not None and expiration < 0:
-            raise MessageError(
-                f"expiration must be 0 (never) or a positive number of seconds, got {expiration}"
-            )
+        if expiration is not None:
+            check_expiration(expiration)  # a worker could not store it: refuse it here
         if sequence is None:
             sequence = next(self._sequences)
         headers = command_headers(

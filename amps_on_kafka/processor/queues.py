@@ -52,7 +52,13 @@ from amps_on_kafka.errors import (
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.bookmarks import Position, parse_bookmark, watermarks
 from amps_on_kafka.log.codecs import Codec
-from amps_on_kafka.log.envelope import H_COMMAND, H_EXPIRATION, Command, dead_letter_headers
+from amps_on_kafka.log.envelope import (
+    H_COMMAND,
+    H_EXPIRATION,
+    Command,
+    check_expiration,
+    dead_letter_headers,
+)
 from amps_on_kafka.log.kafka import (
     METADATA_TIMEOUT,
     admin_client,
@@ -420,6 +426,7 @@ class QueueRuntime:
         self._pending: deque[list[Any]] = deque()
         self._waiters: deque[tuple[int, Done, Any]] = deque()
         self._read = False  # records read since the last checkpoint
+        self.skipped = 0  # records not taken as messages because a header doesn't decode
         self._checkpoint_due = 0.0
         self._paused = False
         self._recovery_sent: tuple[float, RecoveryPoint | None] = (0.0, None)
@@ -649,7 +656,16 @@ class QueueRuntime:
             topic, partition, offset = record.topic(), record.partition(), record.offset()
             headers = record.headers()
             expiration = _message_expiration(headers)
-            if expiration is _NOT_A_MESSAGE:
+            if expiration is _NOT_A_MESSAGE or expiration is _BAD_HEADER:
+                if expiration is _BAD_HEADER:
+                    self.skipped += 1
+                    log.warning(
+                        "queue %s: %s|%s|%s| has a bad header: not a message",
+                        self.name,
+                        topic,
+                        partition,
+                        offset,
+                    )
                 entries.append(((topic, partition), offset))
                 continue
             entries.append(
@@ -827,13 +843,17 @@ class QueueRuntime:
 
 
 _NOT_A_MESSAGE = object()
-_MESSAGES = (None, Command.DELTA_PUBLISH.value.encode())  # no command header is a publish
+_BAD_HEADER = object()  # skipped and counted (QueueRuntime.skipped), never fatal
+# no command header is a publish; a foreign producer may still write "publish"
+_MESSAGES = (None, Command.PUBLISH.value.encode(), Command.DELTA_PUBLISH.value.encode())
+_COMMANDS = frozenset(c.value.encode() for c in Command)
 
 
 def _message_expiration(headers: list[tuple[str, bytes]] | None) -> float | object | None:
-    """A publish's own expiration (seconds, or None), or _NOT_A_MESSAGE for a record that
-    is no message (a sow_delete, a bad header). Reads just the two headers that matter,
-    since every record read passes here."""
+    """A publish's own expiration (seconds, or None), _NOT_A_MESSAGE for a record that is
+    no message (a sow_delete), or _BAD_HEADER for one whose command or expiration does
+    not decode (an expiration the SOW could not store either, log/envelope.py). Reads
+    just the two headers that matter, since every record read passes here."""
     command = expiration = None
     for name, value in headers or ():
         if name == H_COMMAND:
@@ -841,12 +861,11 @@ def _message_expiration(headers: list[tuple[str, bytes]] | None) -> float | obje
         elif name == H_EXPIRATION:
             expiration = value
     if command not in _MESSAGES:
-        return _NOT_A_MESSAGE
+        return _NOT_A_MESSAGE if command in _COMMANDS else _BAD_HEADER
     try:
-        return None if expiration is None else float(expiration)
-    except ValueError:
-        log.warning("a record with a bad expiration header %r is not a message", expiration)
-        return _NOT_A_MESSAGE
+        return None if expiration is None else check_expiration(float(expiration))
+    except ValueError:  # MessageError is one too
+        return _BAD_HEADER
 
 
 def _settle_future(future: Future, outcome: Any) -> None:

@@ -104,7 +104,10 @@ class Worker:
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
-        """Run the loop in a background thread (the CLI runs it in the foreground)."""
+        """Run the loop in a background thread. A config Kafka can't serve (a missing
+        dead-letter topic) raises here, in the caller's thread, before anything runs."""
+        if self.rules:
+            ensure_dead_letter_topics(self.bootstrap, self.config)
         self._thread = threading.Thread(target=self._run_guarded, name="amps-worker", daemon=True)
         self._thread.start()
 
@@ -169,6 +172,7 @@ class Worker:
             raise
 
     def run(self) -> None:
+        """The loop, in the calling thread (start() checks the config with Kafka first)."""
         if self.queues is not None:
             self.queues.start()
         if not self.rules:  # a queues-only worker: no SOW topic to consume
@@ -177,7 +181,6 @@ class Worker:
             if self.queues is not None:
                 self.queues.stop()
             return
-        ensure_dead_letter_topics(self.bootstrap, self.config)
         consumer = self._group_consumer = self._consumer()
         try:
             consumer.subscribe(
