@@ -10,6 +10,7 @@ from amps_on_kafka.cli.common import bootstrap_option, kafka, reports_errors
 from amps_on_kafka.config import check_topic_name, load_config
 from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.log.kafka import admin_client, partitions_of, topic_names
+from amps_on_kafka.log.keys import PARTITIONERS
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 from amps_on_kafka.log.topics import create_from_config, create_log_topics
 
@@ -29,6 +30,14 @@ def topics() -> None:
     "--message-type", type=click.Choice(["json", "binary"]), default="json", show_default=True
 )
 @click.option(
+    "--partitioner",
+    type=click.Choice(PARTITIONERS),
+    default="murmur2",
+    show_default=True,
+    help="How the topic's producers place keys: murmur2 (Java, this project), crc32 "
+    "(librdkafka's default, kcat), fnv1a (Sarama).",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(path_type=Path),
@@ -36,8 +45,12 @@ def topics() -> None:
 )
 @bootstrap_option
 @reports_errors
-def create(name, partitions, keys, message_type, config_file, bootstrap) -> None:
-    """Create log topics (LogAppendTime), by NAME or from a --config file."""
+def create(name, partitions, keys, message_type, partitioner, config_file, bootstrap) -> None:
+    """Create log topics (LogAppendTime), by NAME or from a --config file.
+
+    Rerunning with the same spec changes nothing; a topic that exists with another spec
+    is refused, showing both.
+    """
     if (name is None) == (config_file is None):
         raise click.UsageError("give either NAME or --config FILE")
     if config_file is not None:
@@ -50,12 +63,18 @@ def create(name, partitions, keys, message_type, config_file, bootstrap) -> None
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         servers = kafka(bootstrap)
-        spec = TopicSpec(name, partitions, message_type=message_type, key=tuple(keys) or None)
+        spec = TopicSpec(
+            name,
+            partitions,
+            message_type=message_type,
+            key=tuple(keys) or None,
+            partitioner=partitioner,
+        )
         results = create_log_topics(
             admin_client(servers), TopicRegistry(servers), [(spec, 1, None)]
         )
     for result in results:
-        click.echo(f"{result.name}: {'created' if result.created else 'exists'}")
+        click.echo(f"{result.name}: {result.outcome}")
 
 
 @topics.command("list")

@@ -18,6 +18,8 @@ from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.expr import compile_expression, compile_filter
 
 MessageType = Literal["json", "avro", "binary"]
+# How the topic's producers place a keyed record (log/keys.py's partition_for has each).
+Partitioner = Literal["murmur2", "crc32", "fnv1a"]
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -45,6 +47,7 @@ class TopicConfig(_Strict):
     message_type: MessageType = Field("json", alias="MessageType")
     schema_path: Path | None = Field(None, alias="Schema")
     retention: Seconds | None = Field(None, alias="Retention")
+    partitioner: Partitioner = Field("murmur2", alias="Partitioner")
 
     _check_name = field_validator("name")(check_topic_name)
 

@@ -26,11 +26,16 @@ def admin_client(bootstrap: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap})
 
 
+# The hash a log producer places keys with when the publisher gives no partition.
+PRODUCER_PARTITIONER = "murmur2"
+
+
 def log_producer(bootstrap: str, **overrides: Any) -> Producer:
     """A producer whose delivery report means persisted: acks=all, idempotent, in order.
 
     murmur2 is Kafka's Java partitioner, so a SOW key lands in the same partition
-    whichever client published it.
+    whichever client published it. A topic whose producers use another partitioner
+    gets an explicit partition from the publisher (log/publisher.py).
     """
     config = {
         "bootstrap.servers": bootstrap,
@@ -41,7 +46,7 @@ def log_producer(bootstrap: str, **overrides: Any) -> Producer:
         "queue.buffering.max.messages": 1_000_000,
         "queue.buffering.max.kbytes": 1_048_576,
         "compression.type": "lz4",
-        "partitioner": "murmur2_random",
+        "partitioner": f"{PRODUCER_PARTITIONER}_random",
         "topic.metadata.refresh.interval.ms": 30_000,
     }
     config.update(overrides)

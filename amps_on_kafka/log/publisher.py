@@ -21,10 +21,15 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from amps_on_kafka.errors import MessageError, PublishError
 from amps_on_kafka.log.codecs import encode_payload
 from amps_on_kafka.log.envelope import Command, Envelope, check_expiration, command_headers
-from amps_on_kafka.log.kafka import log_producer
+from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER, log_producer, partitions_of
+from amps_on_kafka.log.keys import partition_for
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 
 POLL_EVERY = 500  # serve delivery callbacks every so many produces, not on each
+# Kafka's partition count of a topic is read again after this long, as often as the
+# producer refreshes its own metadata (log/kafka.py): a topic given more partitions is
+# noticed, and its keyed publishes refused, within that time.
+PARTITION_COUNT_TTL = 30.0
 
 Persisted = Callable[[PublishError | None, Message], None]
 
@@ -65,6 +70,7 @@ class LogPublisher:
         self._publisher_bytes = publisher_id.encode()
         self._unpolled = 0
         self._specs: dict[str, TopicSpec] = {}
+        self._counts: dict[str, tuple[int, float]] = {}  # topic -> (partitions, good until)
         self._failures: list[FailedWrite] = []
         self._lock = threading.Lock()
         self.report_successes = report_successes
@@ -116,7 +122,8 @@ class LogPublisher:
             correlation_id,
             spec.message_type,
         )
-        self._produce(spec.name, key, value, headers, sequence, on_persisted)
+        partition = self._partition(spec, key)
+        self._produce(spec.name, key, value, headers, sequence, on_persisted, partition)
         return sequence
 
     def sow_delete(
@@ -159,7 +166,7 @@ class LogPublisher:
                     on_persisted,
                     partition,
                 )
-                for partition in range(spec.partitions)
+                for partition in range(self.partition_count(spec.name))
             ]
         if keys is not None:
             return [
@@ -169,6 +176,7 @@ class LogPublisher:
                     None,
                     Envelope(sow_keys=(key,), sequence=next(numbers), **common),
                     on_persisted,
+                    self._partition(spec, key),
                 )
                 for key in (str(k) for k in keys)
             ]
@@ -181,6 +189,7 @@ class LogPublisher:
                 value,
                 Envelope(sow_key=key, sequence=next(numbers), **common),
                 on_persisted,
+                self._partition(spec, key),
             )
         ]
 
@@ -197,6 +206,39 @@ class LogPublisher:
         sequence: int = stamped.sequence  # type: ignore[assignment]
         self._produce(topic, key, value, stamped.to_headers(), sequence, on_persisted, partition)
         return sequence
+
+    def partition_count(self, topic: str) -> int:
+        """The topic's partition count as Kafka has it (cached for PARTITION_COUNT_TTL),
+        never the registry's: fan-outs must reach partitions added since creation."""
+        now = time.monotonic()
+        cached = self._counts.get(topic)
+        if cached is None or cached[1] <= now:
+            count = len(partitions_of(self._producer, topic))
+            cached = self._counts[topic] = (count, now + PARTITION_COUNT_TTL)
+        return cached[0]
+
+    def _partition(self, spec: TopicSpec, key: str | None) -> int | None:
+        """The partition of a keyed record, by the topic's partitioner (keys.partition_for);
+        None lets the producer place it: an unkeyed record anywhere, and a murmur2 key by
+        librdkafka's murmur2_random, the same function in C (tests/log/test_partitioners.py
+        holds them equal) at a tenth of the Python hash's cost.
+
+        A keyed record for a topic whose partition count is no longer the one it was
+        created with is refused: its key would land in another partition than the key's
+        earlier records, and the SOW would hold the key twice.
+        """
+        if key is None:
+            return None
+        count = self.partition_count(spec.name)
+        if count != spec.partitions:
+            raise PublishError(
+                f"topic {spec.name!r} has {count} partitions in Kafka but was created with "
+                f"{spec.partitions}: a keyed publish would put SOW key {key!r} in another "
+                "partition than its earlier records (docs/operations.md, Keys and partitions)"
+            )
+        if spec.partitioner == PRODUCER_PARTITIONER:
+            return None
+        return partition_for(key.encode(), count, spec.partitioner)
 
     def _sow_key(self, spec: TopicSpec, document: Any, explicit: str | None) -> str | None:
         if explicit is not None:

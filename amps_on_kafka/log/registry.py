@@ -45,6 +45,7 @@ class TopicSpec:
     key_from_publish: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     publish_target: str | None = None  # a queue's name: its publishes go to this topic
+    partitioner: str = "murmur2"  # how the topic's producers place keys (keys.partition_for)
 
     @cached_property
     def codec(self) -> Codec:
@@ -64,6 +65,7 @@ class TopicSpec:
                 "key": list(self.key) if self.key else None,
                 "key_from_publish": self.key_from_publish,
                 "publish_target": self.publish_target,
+                "partitioner": self.partitioner,
             }
         )
 
@@ -78,7 +80,25 @@ class TopicSpec:
             key=tuple(doc["key"]) if doc.get("key") else None,
             key_from_publish=bool(doc.get("key_from_publish", False)),
             publish_target=doc.get("publish_target"),
+            partitioner=doc.get("partitioner", "murmur2"),
         )
+
+    def describe(self) -> str:
+        """The spec in the words of `topics create`'s options, for messages that compare
+        two specs."""
+        parts = [
+            f"{self.partitions} partition{'s' if self.partitions != 1 else ''}",
+            f"key {', '.join(self.key)}" if self.key else "no key",
+            self.message_type,
+            f"partitioner {self.partitioner}",
+        ]
+        if self.key_from_publish:
+            parts.append("key from publish")
+        if self.publish_target:
+            parts.append(f"publishes to {self.publish_target}")
+        if self.schema is not None:
+            parts.append("with an Avro schema")
+        return ", ".join(parts)
 
 
 class TopicRegistry:
@@ -106,6 +126,13 @@ class TopicRegistry:
         if found is None:
             return TopicSpec(name=name, partitions=len(partitions))
         return found
+
+    def entries(self) -> dict[str, TopicSpec]:
+        """Every entry of the registry, read afresh (what `topics create` compares with)."""
+        specs = self._read_all()
+        with self._lock:
+            self._specs.update(specs)
+        return specs
 
     def register(self, spec: TopicSpec) -> None:
         ensure_registry_topic(self._admin)

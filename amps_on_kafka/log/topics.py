@@ -25,6 +25,13 @@ LOG_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
 class Created:
     name: str
     created: bool  # False when the topic already existed
+    registered: bool = True  # False when the registry already held this very spec
+
+    @property
+    def outcome(self) -> str:
+        if self.created:
+            return "created"
+        return "exists, registered" if self.registered else "exists"
 
 
 def spec_from_config(config: Config, topic: TopicConfig) -> TopicSpec:
@@ -40,6 +47,7 @@ def spec_from_config(config: Config, topic: TopicConfig) -> TopicSpec:
         schema=schema,
         key=sow.key if sow else None,
         key_from_publish=sow.key_from_publish if sow else False,
+        partitioner=topic.partitioner,
     )
 
 
@@ -59,21 +67,82 @@ def create_log_topics(
 ) -> list[Created]:
     """Create topics (spec, replication factor, retention seconds) and register them.
 
-    An existing topic is left as it is and re-registered, so `create` can be rerun.
+    Rerunning with the same specs changes nothing. A topic that exists with another spec
+    (key, partitions, partitioner, ...) is refused, naming both, before anything is
+    created or registered: re-registering it would make publishers place its SOW keys
+    elsewhere and split a key over two partitions (defect 3). An existing topic without
+    a registry entry (made by other tools) is registered if its partition count matches.
     """
     specs = list(specs)
-    new_topics = [
-        NewTopic(spec.name, spec.partitions, replication, config=_topic_config(retention))
-        for spec, replication, retention in specs
-    ]
-    if not new_topics:
+    if not specs:
         return []
-    futures = admin.create_topics(new_topics, operation_timeout=METADATA_TIMEOUT)
+    counts = _partition_counts(admin, [spec.name for spec, _, _ in specs])
+    entries = registry.entries()
+    conflicts = [
+        problem
+        for spec, _, _ in specs
+        if (problem := _conflict(spec, counts.get(spec.name), entries.get(spec.name)))
+    ]
+    if conflicts:
+        raise ConfigError("\n".join(conflicts))
+    missing = [(spec, rf, retention) for spec, rf, retention in specs if spec.name not in counts]
+    created = _create(admin, missing)
     results = []
     for spec, _, _ in specs:
-        results.append(Created(spec.name, _created(futures[spec.name], spec.name)))
-        registry.register(spec)
+        is_new = created.get(spec.name, False)
+        register = is_new or (spec.name in counts and entries.get(spec.name) != spec)
+        if register:
+            registry.register(spec)
+        results.append(Created(spec.name, is_new, register))
     return results
+
+
+def _partition_counts(admin: AdminClient, names: list[str]) -> dict[str, int]:
+    """Kafka's partition count of each of `names` that exists, from one metadata request."""
+    try:
+        metadata = admin.list_topics(timeout=METADATA_TIMEOUT)
+    except KafkaException as exc:
+        raise TransportError(f"can't reach Kafka: {exc}") from exc
+    return {
+        name: len(info.partitions)
+        for name in names
+        if (info := metadata.topics.get(name)) is not None and info.error is None
+    }
+
+
+def _conflict(spec: TopicSpec, count: int | None, entry: TopicSpec | None) -> str | None:
+    """Why `spec` can't be (re)registered for a topic with `count` partitions in Kafka
+    and this registry entry; None when it can. A missing topic is created afresh."""
+    if count is None:
+        return None
+    if entry is not None and entry != spec:
+        why = "" if entry.describe() != spec.describe() else " (their Avro schemas differ)"
+        return (
+            f"topic {spec.name!r} exists with another spec{why}; refused, nothing changed:\n"
+            f"  registered: {entry.describe()}\n"
+            f"  requested:  {spec.describe()}\n"
+            "  (another key, partition count or partitioner would put its SOW keys in "
+            "other partitions than its records; create a new topic instead)"
+        )
+    if count != spec.partitions:
+        return (
+            f"topic {spec.name!r} has {count} partitions in Kafka, not the "
+            f"{spec.partitions} its spec says ({spec.describe()}): SOW keys are placed by "
+            "the partition count, so a topic whose partitions were added can't keep its "
+            "keys where they are (docs/operations.md, Keys and partitions)"
+        )
+    return None
+
+
+def _create(admin: AdminClient, specs: list[tuple[TopicSpec, int, float | None]]) -> dict:
+    """Create the topics; for each, True, or False if it appeared meanwhile."""
+    if not specs:
+        return {}
+    futures = admin.create_topics(
+        [NewTopic(s.name, s.partitions, rf, config=_topic_config(r)) for s, rf, r in specs],
+        operation_timeout=METADATA_TIMEOUT,
+    )
+    return {spec.name: _created(futures[spec.name], spec.name) for spec, _, _ in specs}
 
 
 def create_from_config(

@@ -40,7 +40,7 @@ def topic(run, request):
 
 
 def test_topics_create_is_rerunnable(run, topic):
-    result = run("topics", "create", topic, "--partitions", "4")
+    result = run("topics", "create", topic, "--partitions", "4", "--key", "/id")
     assert result.exit_code == 0 and f"{topic}: exists" in result.output
 
 

@@ -10,12 +10,14 @@ that partitioner and checks where the broker says each record went.
 from __future__ import annotations
 
 import uuid
+from typing import get_args
 
 import pytest
 from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from amps_on_kafka.config.model import Partitioner
 from amps_on_kafka.log.keys import PARTITIONERS, fnv1a, murmur2, partition_for
 from amps_on_kafka.log.registry import TopicSpec
 from tests.conftest import create_topic, delete_topics
@@ -30,8 +32,24 @@ PARTITION_COUNTS = (3, 7)
 keys = st.lists(st.binary(min_size=1, max_size=80), min_size=1, max_size=200, unique=True)
 
 
-def test_every_partitioner_is_checked_against_librdkafka():
-    assert set(LIBRDKAFKA) == set(PARTITIONERS)
+def test_every_partitioner_is_checked_against_librdkafka_and_can_be_configured():
+    assert set(LIBRDKAFKA) == set(PARTITIONERS) == set(get_args(Partitioner))
+
+
+@given(
+    spec=st.builds(
+        TopicSpec,
+        name=st.from_regex(r"[a-z][a-z0-9._-]{0,20}", fullmatch=True),
+        partitions=st.integers(1, 10_000),
+        key=st.none() | st.lists(st.from_regex(r"/[a-z]{1,5}", fullmatch=True), min_size=1)
+        .map(tuple),
+        key_from_publish=st.booleans(),
+        partitioner=st.sampled_from(PARTITIONERS),
+    )
+)
+def test_a_registry_entry_reads_back_as_the_spec_written(spec):
+    """`topics create` compares specs read back from the registry: nothing may drift."""
+    assert TopicSpec.from_json(spec.to_json()) == spec
 
 
 def test_known_hashes():
