@@ -16,6 +16,16 @@ if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
   fi
 fi
 
+# kcat is the foreign producer of tests/robustness/test_foreign_producers.py (defect 14).
+if ! command -v kcat >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing kcat (apt-get) ..." >&2
+    apt-get update -qq && apt-get install -y -qq kcat >/dev/null
+  else
+    echo "warning: kcat is needed by the foreign-producer tests (apt-get install kcat)" >&2
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "creating .venv ..." >&2
   "${PYTHON:-python3}" -m venv .venv

@@ -239,7 +239,9 @@ class Worker:
         """Where the topic's keys belong, by its partition count as Kafka has it now (a
         topic given more partitions is rebalanced, which brings the worker back here)."""
         count = len(partitions_of(consumer, topic))
-        self.rules[topic].placement = Placement(count)
+        declared = self.config.topic(topic)  # its Partitioner: how its producers place keys
+        partitioner = declared.partitioner if declared else "murmur2"
+        self.rules[topic].placement = Placement(count, partitioner)
 
     def _open(self, topic: str, partition: int) -> PartitionStore:
         rules = self.rules[topic]

@@ -1,0 +1,127 @@
+"""Defect 14: topics written by other producers keep one SOW key in one partition.
+
+kcat (librdkafka's default partitioner, consistent_random: CRC-32 of the key) is the
+foreign producer. A topic declares the partitioner its producers use (`Partitioner`), and
+every publisher of this project places keys by it, so a key written by kcat and by the
+client lives in one partition and the SOW holds it once. A topic that does not declare
+it gets misplaced records refused by the worker (dead-lettered), never a key twice.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from collections import defaultdict
+
+import orjson
+import pytest
+
+from amps_on_kafka.client import Client
+from amps_on_kafka.config import Config
+from amps_on_kafka.log.keys import partition_for
+from amps_on_kafka.processor.worker import Worker
+from tests.log.conftest import records_of
+from tests.sow.conftest import wait_caught_up
+from tests.sow.test_worker import sow_of
+
+PARTITIONS = 3
+IDS = range(30)
+
+
+def kcat_produce(bootstrap: str, topic: str, records: list[tuple[str | None, dict]]) -> None:
+    """Produce (key, document) records with kcat as any shell user would: `-K '|'` splits
+    a keyed line at its first `|`; unkeyed lines go through a second run without -K."""
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.fail(
+            "kcat is not installed; these tests use it as the foreign producer "
+            "(scripts/bootstrap.sh installs it: apt-get install kcat)"
+        )
+    keyed = [f"{k}|{orjson.dumps(d).decode()}" for k, d in records if k is not None]
+    unkeyed = [orjson.dumps(d).decode() for k, d in records if k is None]
+    for lines, options in ((keyed, ["-K", "|"]), (unkeyed, [])):
+        if lines:
+            subprocess.run(
+                [kcat, "-b", bootstrap, "-t", topic, "-P", *options],
+                input="\n".join(lines) + "\n",
+                text=True,
+                check=True,
+                timeout=60,
+            )
+
+
+def sow_config(topic: str, partitioner: str) -> Config:
+    return Config.model_validate(
+        {
+            "Topics": [{"Name": topic, "Partitions": PARTITIONS, "Partitioner": partitioner}],
+            "SOW": [{"Topic": topic, "Key": "/id"}],
+        }
+    )
+
+
+@pytest.fixture
+def run_worker(bootstrap, tmp_path):
+    """run_worker(config) -> a ready Worker, stopped at the end of the test."""
+    started: list[Worker] = []
+
+    def start(config: Config) -> Worker:
+        worker = Worker(config, bootstrap, tmp_path / "state", group_id=uuid.uuid4().hex)
+        worker.start()
+        started.append(worker)
+        worker.wait_ready(60)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def test_keys_from_kcat_and_from_the_client_meet_in_one_partition(
+    bootstrap, topic_factory, run_worker
+):
+    topic = topic_factory(PARTITIONS, key=("/id",), partitioner="crc32")
+    kcat_produce(bootstrap, topic, [(str(i), {"id": i, "by": "kcat"}) for i in IDS])
+    with Client(f"pub-{uuid.uuid4().hex[:6]}") as client:
+        client.connect(f"kafka://{bootstrap}")
+        for i in IDS:
+            client.publish(topic, {"id": i, "by": "client"})
+        client.publish_flush(30)
+    homes: dict[bytes, set[int]] = defaultdict(set)
+    for record in records_of(bootstrap, topic):
+        homes[record.key()].add(record.partition())
+    assert all(len(partitions) == 1 for partitions in homes.values()), homes
+    assert len(homes) == len(IDS)
+
+    worker = run_worker(sow_config(topic, "crc32"))
+    wait_caught_up(worker, bootstrap, topic, PARTITIONS)
+    assert sow_of(worker, topic) == {str(i): {"id": i, "by": "client"} for i in IDS}
+    assert not worker.rejected
+
+
+def test_a_topic_that_does_not_declare_kcats_partitioner_refuses_its_misplaced_records(
+    bootstrap, topic_factory, run_worker
+):
+    """The defect as reported: `sow_key 5` twice, one record per partition. Now the
+    worker refuses each kcat record not where murmur2 puts its key; no key is held twice."""
+    topic = topic_factory(PARTITIONS, key=("/id",))  # murmur2, the default
+    kcat_produce(bootstrap, topic, [(str(i), {"id": i, "by": "kcat"}) for i in IDS])
+    with Client(f"pub-{uuid.uuid4().hex[:6]}") as client:
+        client.connect(f"kafka://{bootstrap}")
+        for i in IDS:
+            client.publish(topic, {"id": i, "by": "client"})
+        client.publish_flush(30)
+    misplaced = [
+        i
+        for i in IDS
+        if partition_for(str(i).encode(), PARTITIONS, "crc32")
+        != partition_for(str(i).encode(), PARTITIONS, "murmur2")
+    ]
+    assert misplaced  # else this test would prove nothing
+
+    worker = run_worker(sow_config(topic, "murmur2"))
+    wait_caught_up(worker, bootstrap, topic, PARTITIONS)
+    assert sow_of(worker, topic) == {str(i): {"id": i, "by": "client"} for i in IDS}
+    assert worker.rejected == {"misplaced_key": len(misplaced)}
+    held = [r.sow_key for r in worker.engine.query(topic, None).records]
+    assert sorted(held) == sorted(set(held))
