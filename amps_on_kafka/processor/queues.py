@@ -856,6 +856,8 @@ def _message_expiration(headers: list[tuple[str, bytes]] | None) -> float | obje
     just the two headers that matter, since every record read passes here."""
     command = expiration = None
     for name, value in headers or ():
+        if value is None:  # as Envelope.from_headers: a header without a value says nothing
+            continue
         if name == H_COMMAND:
             command = value
         elif name == H_EXPIRATION:

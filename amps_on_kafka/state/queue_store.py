@@ -68,10 +68,20 @@ def encode_entry(entry: QueueEntry) -> bytes:
             entry.deliveries,
             entry.cancels,
             entry.ev_pos,
-            [(name, value.decode("latin-1")) for name, value in entry.headers or ()],
+            [(name, _text(value)) for name, value in entry.headers or ()],
         ]
     )
     return b"".join((_LENGTH.pack(len(meta)), meta, entry.payload))
+
+
+def _text(value: bytes | None) -> str | None:
+    """A header value as JSON can hold it: any bytes as latin-1 text; a header may have
+    no value at all (Kafka allows it), which is null."""
+    return None if value is None else value.decode("latin-1")
+
+
+def _bytes(value: str | None) -> bytes | None:
+    return None if value is None else value.encode("latin-1")
 
 
 def decode_entry(seq: int, raw: bytes, codec_of: Callable[[str], Codec | None]) -> QueueEntry:
@@ -86,7 +96,7 @@ def decode_entry(seq: int, raw: bytes, codec_of: Callable[[str], Codec | None]) 
         timestamp,
         raw[start + length :],
         codec_of(topic),
-        [(name, value.encode("latin-1")) for name, value in headers] or None,
+        [(name, _bytes(value)) for name, value in headers] or None,
         stored=True,
         seq=seq,
         deadline=None if deadline == NO_DEADLINE else deadline,
