@@ -10,14 +10,13 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+
+from amps_on_kafka.log.kafka import admin_client
 
 _PROBE_CONFIG = {
     # Retry a refused connection quickly instead of librdkafka's backoff of up to 10 s.
     "reconnect.backoff.ms": 100,
     "reconnect.backoff.max.ms": 500,
-    # "Connection refused" is expected while the broker starts; don't print it.
-    "log_level": 0,
 }
 
 
@@ -30,9 +29,10 @@ def await_answer(bootstrap: str, timeout: float, *, alive: Callable[[], bool]) -
     """Ask for metadata until the broker answers (True), ``alive()`` is False or time is up.
 
     Each request waits at most one second, so a broker process that dies is noticed
-    within about a second.
+    within about a second. "Connection refused" is expected while a broker starts: its
+    log lines go to the librdkafka logger at DEBUG (log/kafka.py), never to stderr.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap, **_PROBE_CONFIG})
+    admin = admin_client(bootstrap, **_PROBE_CONFIG)
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0 and alive():
         try:

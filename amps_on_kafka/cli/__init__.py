@@ -6,6 +6,7 @@ import click
 
 from amps_on_kafka.cli.bookmark import bookmark
 from amps_on_kafka.cli.broker import broker
+from amps_on_kafka.cli.common import Main
 from amps_on_kafka.cli.log import log
 from amps_on_kafka.cli.publish import publish
 from amps_on_kafka.cli.replay import replay
@@ -15,7 +16,7 @@ from amps_on_kafka.cli.topics import topics
 from amps_on_kafka.cli.worker import worker
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="amps_on_kafka")
 def main() -> None:
     """AMPS-style messaging semantics on Apache Kafka."""

@@ -6,12 +6,31 @@ import logging
 import signal
 import threading
 from pathlib import Path
+from types import FrameType
 
 import click
 
-from amps_on_kafka.cli.common import kafka, reports_errors
-from amps_on_kafka.config import load_config
+from amps_on_kafka.cli.common import EXIT_INTERRUPTED, kafka, reports_errors
+from amps_on_kafka.config import check_listen, load_config
+from amps_on_kafka.processor.startup import check_serves_something
 from amps_on_kafka.processor.worker import Worker
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _Stopped(Exception):
+    """Raised in the main thread by the first SIGINT or SIGTERM, wherever it is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _listen(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    try:
+        return None if value is None else check_listen(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
 
 
 @click.command()
@@ -23,41 +42,76 @@ from amps_on_kafka.processor.worker import Worker
     "--listen",
     default=None,
     metavar="HOST:PORT",
+    callback=_listen,
     help="Gateway address (default: the config's, else 127.0.0.1:9007).",
 )
 @click.option(
     "--group", "group_id", default=None, help="Kafka consumer group shared by the workers."
 )
 @click.option("--bootstrap", "-b", default=None, metavar="HOST:PORT")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="DEBUG also shows librdkafka's own log.",
+)
 @reports_errors
 def worker(config_file, state_dir, listen, group_id, bootstrap, log_level) -> None:
     """Keep the SOW of the config's topics in RocksDB and serve the gateway protocol.
 
-    Stops cleanly on SIGTERM or Ctrl-C: the current batch is written, stores closed.
+    Stops cleanly on SIGTERM (exit code 0) or Ctrl-C (130), during startup too: the
+    current batch is written, stores closed.
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = load_config(config_file)
+    check_serves_something(config, str(config_file))  # before waiting for Kafka
     servers = kafka(bootstrap or config.kafka.bootstrap_servers)
     processor = Worker(config, servers, state_dir, group_id=group_id)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    processor.start()
-    processor.wait_ready()
-    gateway = _start_gateway(
-        processor, servers, listen or config.gateway.listen, config.gateway.max_frame_bytes
-    )
-    click.echo(
-        f"worker ready: gateway tcp://{gateway.address}/amps/json, state in {state_dir}", err=True
-    )
+    stopping = _raise_on_signals()
     try:
-        while not stop.wait(0.5):
-            processor.raise_if_failed()
+        _serve(processor, servers, listen or config.gateway.listen, stopping)
+    except _Stopped as stopped:
+        if stopped.signum == signal.SIGINT:
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+
+
+def _raise_on_signals() -> threading.Event:
+    """SIGINT and SIGTERM raise _Stopped in the main thread, until the returned event
+    is set: a signal while the worker closes its stores must not cut that short."""
+    stopping = threading.Event()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            raise _Stopped(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
+    return stopping
+
+
+def _serve(processor: Worker, servers: str, listen: str, stopping: threading.Event) -> None:
+    """Start the worker, then its gateway; run until a signal or a failure; stop both."""
+    gateway = None
+    try:
+        processor.start()
+        processor.wait_ready()
+        max_frame_bytes = processor.config.gateway.max_frame_bytes
+        gateway = _start_gateway(processor, servers, listen, max_frame_bytes)
+        click.echo(
+            f"worker ready: gateway tcp://{gateway.address}/amps/json, "
+            f"state in {processor.state_dir}",
+            err=True,
+        )
+        processor.join()  # the loop ends only by failing: stop() comes below
+        processor.raise_if_failed()
     finally:
-        gateway.stop()
+        stopping.set()
+        if gateway is not None:
+            gateway.stop()
         processor.stop()
 
 

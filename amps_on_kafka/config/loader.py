@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -18,8 +19,14 @@ def load_config(path: str | Path) -> Config:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: can't read the configuration: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at {exc.start})"
+        ) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
+    except RecursionError as exc:  # PyYAML's parser recurses once per level of nesting
+        raise ConfigError(f"{path}: not a configuration: nested too deeply") from exc
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -32,13 +39,30 @@ def load_config(path: str | Path) -> Config:
     return _resolve_schema_paths(config, path.parent)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: the problem and where (PyYAML's own text spans lines with a snippet)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
 def _describe(exc: ValidationError) -> str:
+    """Every error on one line: `Topics[0].Partitions: <why>; ...`."""
     parts = []
     for error in exc.errors():
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
+        where = "".join(_location(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ").replace("\n", "\\n")
         parts.append(f"{where.lstrip('.') or 'top level'}: {message}")
     return "; ".join(parts)
+
+
+def _location(part: int | str) -> str:
+    """`[0]` for a list index, `.Key` for a key; a key that isn't a plain word (a
+    misspelt key can be anything YAML allows, a newline included) in quotes."""
+    if isinstance(part, int):
+        return f"[{part}]"
+    return f".{part}" if re.fullmatch(r"\w+", part) else f"[{part!r}]"
 
 
 def _resolve_schema_paths(config: Config, base: Path) -> Config:

@@ -93,7 +93,9 @@ class SowConfig(_Strict):
     @field_validator("key", mode="before")
     @classmethod
     def _key_paths(cls, value: object) -> tuple[str, ...]:
-        paths = (value,) if isinstance(value, str) else tuple(value or ())  # type: ignore[arg-type]
+        if value is not None and not isinstance(value, str | list | tuple):
+            raise ValueError(f"Key must be a path such as /id or a list of them, not {value!r}")
+        paths = (value,) if isinstance(value, str) else tuple(value or ())
         if not paths:
             raise ValueError("Key needs at least one path such as /id")
         for path in paths:
@@ -106,9 +108,24 @@ class KafkaConfig(_Strict):
     bootstrap_servers: str | None = Field(None, alias="BootstrapServers")
 
 
+def check_listen(address: str) -> str:
+    """A gateway address, HOST:PORT (HOST may be empty for 127.0.0.1; port 0 picks a free
+    one). Checked at load so a bad value is a config error naming Gateway.Listen, not a
+    traceback from the gateway once the worker has recovered its stores."""
+    host, colon, port = address.rpartition(":")
+    numeric = port.isascii() and port.isdigit()
+    if not colon or not numeric or int(port) > 65_535 or any(c.isspace() for c in host):
+        raise ValueError(
+            f"{address!r} is not HOST:PORT (a port from 0 to 65535), e.g. 127.0.0.1:9007"
+        )
+    return address
+
+
 class GatewayConfig(_Strict):
     listen: str = Field("127.0.0.1:9007", alias="Listen")
     max_frame_bytes: int = Field(4 * 1024 * 1024, alias="MaxFrameBytes", ge=1024)
+
+    _check_listen = field_validator("listen")(check_listen)
 
 
 # Kafka Streams' default for its RocksDB stores. RocksDB's own 64 MiB applied the SOW

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +13,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from amps_on_kafka.errors import TransportError, UnknownTopic
+
+log = logging.getLogger(__name__)
 
 METADATA_TIMEOUT = 10.0
 # librdkafka postpones a partition's next fetch by fetch.queue.backoff.ms (1 s by default)
@@ -22,8 +27,39 @@ CONSUMER_TUNING = {
 }
 
 
-def admin_client(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
+class LibrdkafkaLog:
+    """librdkafka's own log lines, sent to the Python logger ``amps_on_kafka.librdkafka``
+    at DEBUG instead of straight to stderr.
+
+    Left to itself librdkafka prints a line per failed connection attempt to stderr: an
+    unreachable broker buried a command's one-line error under hundreds of them. What a
+    user needs from those lines comes back to the code anyway (an exception, a delivery
+    report, an error callback such as OutageWatch's), so the lines themselves are for
+    debugging: `--log-level debug` shows them. confluent-kafka calls ``log`` with the
+    line's level mapped to Python's; it is kept in the text.
+    """
+
+    logger = logging.getLogger("amps_on_kafka.librdkafka")
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug("%s " + msg, logging.getLevelName(level), *args)
+
+
+LIBRDKAFKA_LOG = LibrdkafkaLog()
+
+
+def client_config(bootstrap: str, **settings: Any) -> dict[str, Any]:
+    """The configuration every Kafka client of the project starts from: the bootstrap
+    servers and librdkafka's log routed through Python logging (LibrdkafkaLog)."""
+    return {"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA_LOG, **settings}
+
+
+def admin_client(bootstrap: str, **overrides: Any) -> AdminClient:
+    """An admin client. Its log lines wait in librdkafka's main queue until a poll();
+    they come at most one per reconnect attempt (reconnect.backoff.max.ms, 10 s), so
+    even a long-lived admin client through an outage queues only a few hundred."""
+    return AdminClient(client_config(bootstrap, **overrides))
 
 
 # The hash a log producer places keys with when the publisher gives no partition.
@@ -38,7 +74,7 @@ def log_producer(bootstrap: str, **overrides: Any) -> Producer:
     gets an explicit partition from the publisher (log/publisher.py).
     """
     config = {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap),
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
@@ -56,7 +92,7 @@ def log_producer(bootstrap: str, **overrides: Any) -> Producer:
 def reader(bootstrap: str, **overrides: Any) -> Consumer:
     """A consumer for assign-and-seek reading: no group membership, no commits."""
     config = {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap),
         "group.id": f"amps-reader-{uuid.uuid4().hex}",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -93,9 +129,10 @@ def partitions_of(client: AdminClient | Consumer | Producer, topic: str) -> list
     return sorted(info.partitions)
 
 
-def topic_names(client: AdminClient | Consumer) -> list[str]:
-    """Every user topic (Kafka's internal topics and ours, starting with '_', left out)."""
-    return sorted(_user_topics(client))
+def topic_names(client: AdminClient | Consumer, *, internal: bool = False) -> list[str]:
+    """Every user topic (Kafka's internal topics and ours, starting with '_', left out
+    unless `internal`)."""
+    return sorted(_all_topics(client) if internal else _user_topics(client))
 
 
 def partitions_matching(
@@ -111,11 +148,14 @@ def partitions_matching(
 
 
 def _user_topics(client: AdminClient | Consumer) -> dict[str, Any]:
+    return {name: info for name, info in _all_topics(client).items() if not name.startswith("_")}
+
+
+def _all_topics(client: AdminClient | Consumer) -> dict[str, Any]:
     try:
-        metadata = client.list_topics(timeout=METADATA_TIMEOUT)
+        return client.list_topics(timeout=METADATA_TIMEOUT).topics
     except KafkaException as exc:
         raise TransportError(f"can't reach Kafka: {exc}") from exc
-    return {name: info for name, info in metadata.topics.items() if not name.startswith("_")}
 
 
 def consume_available(consumer: Consumer, max_messages: int, timeout: float) -> list:
@@ -145,3 +185,64 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         }
     finally:
         consumer.close()
+
+
+class OutageWatch:
+    """Logs a Kafka outage once when it starts and once when it ends.
+
+    librdkafka reports every failed reconnect; a worker that logged each one flooded
+    its log through an outage while saying nothing about the recovery. Give ``error``
+    as a client's ``error_cb``: the first _ALL_BROKERS_DOWN (a single broker gone is not
+    an outage of a cluster) logs "Kafka unreachable at X since T: reason" and starts a
+    thread that asks the brokers for metadata until they answer, then logs "Kafka
+    reachable again after N s". Errors during the outage are counted, not logged.
+    """
+
+    def __init__(self, bootstrap: str, *, probe_every: float = 1.0) -> None:
+        self.bootstrap = bootstrap
+        self.probe_every = probe_every
+        self.outages = 0  # outages seen since start
+        self.down_since: float | None = None  # time.monotonic() of the current outage
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._prober: threading.Thread | None = None
+
+    def error(self, error: KafkaError) -> None:
+        """An error_cb: called on the client's polling thread."""
+        if error.code() != KafkaError._ALL_BROKERS_DOWN:
+            return
+        with self._lock:
+            if self.down_since is not None or self._closed.is_set():
+                return
+            self.down_since = time.monotonic()
+            self.outages += 1
+            self._prober = threading.Thread(
+                target=self._await_recovery, name="amps-kafka-outage", daemon=True
+            )
+        log.warning(
+            "Kafka unreachable at %s since %s: %s",
+            self.bootstrap,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            error.str(),
+        )
+        self._prober.start()
+
+    def close(self) -> None:
+        """Stop waiting for a recovery (the client is closing)."""
+        self._closed.set()
+        if self._prober is not None:
+            self._prober.join()
+
+    def _await_recovery(self) -> None:
+        from amps_on_kafka.broker.probe import answers  # broker/ builds on log/, not back
+
+        while not self._closed.is_set():
+            if answers(self.bootstrap, timeout=self.probe_every):
+                with self._lock:
+                    started, self.down_since = self.down_since, None
+                log.warning(
+                    "Kafka reachable again at %s after %.0f s",
+                    self.bootstrap,
+                    time.monotonic() - started,  # type: ignore[operator]
+                )
+                return

@@ -44,6 +44,7 @@ from amps_on_kafka.processor.queues import events_topic
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.state.queue import QueueEntry
 from amps_on_kafka.state.queue_store import decode_entry, encode_entry
+from amps_on_kafka.state.sow import Applied, DictState
 from tests.conftest import delete_topics
 from tests.sow.conftest import wait_caught_up
 from tests.sow.test_worker import sow_of
@@ -197,6 +198,46 @@ def spoiled_record(draw) -> Made:
     return made
 
 
+# Records of any bytes, whose validity nobody decided: for these the worker must agree
+# with its own rules applied one record at a time (reference_of), whatever they are.
+interesting = st.sampled_from(
+    (b"inf", b"nan", b"1e308", b"publish", b"sow_delete", b"delta_publish", b'["1"]', b"/v > 1")
+)
+chaos_record = st.builds(
+    Made,
+    value=st.none()
+    | st.binary(max_size=40)
+    | st.sampled_from((b'{"id": 1}', b'{"id": "2", "v": 3}', b'{"id": 3}')),
+    headers=st.lists(
+        st.tuples(
+            st.sampled_from(ENVELOPE) | st.text(max_size=3),
+            st.none() | st.binary(max_size=10) | interesting,
+        ),
+        max_size=4,
+    ),
+    kind=st.just("chaos"),
+    key=st.none(),
+    effect=st.just(()),
+    partition=st.integers(0, PARTITIONS - 1),
+)
+
+
+def reference_of(bootstrap: str, worker: Worker, topic: str) -> tuple[dict, set[str]]:
+    """The SOW and the refused bookmarks of the worker's rules applied record by record
+    (no batches, no fast path) to the topic's log, partition by partition."""
+    rules = worker.rules[topic]
+    states: dict[int, DictState] = {}
+    refused = set()
+    with Replay(bootstrap, topic, "0", until="0|1|", max_idle=10) as log:
+        for message in log:
+            if isinstance(message, LogMessage):
+                out = Applied()
+                rules.apply(states.setdefault(message.partition, DictState()), message, out)
+                refused.update(message.bookmark for r in out.results if r.error is not None)
+    sow = {k: r.data for state in states.values() for k, r in state.records.items()}
+    return sow, refused
+
+
 def fold(records: list[Made]) -> dict[str, Any]:
     """The SOW the valid records make, in log order (a key lives in one partition)."""
     sow: dict[str, dict] = {}
@@ -275,23 +316,32 @@ def dead_letters(bootstrap: str, topic: str) -> list[LogMessage]:
         HealthCheck.data_too_large,
     ],
 )
-@given(records=st.lists(st.one_of(valid_record(), spoiled_record()), min_size=30, max_size=90))
+@given(
+    records=st.lists(st.one_of(valid_record(), spoiled_record()), min_size=30, max_size=90),
+    chaos=st.lists(chaos_record, max_size=40),
+)
 def test_no_record_stops_the_worker_or_the_queue_and_only_the_invalid_are_dead_lettered(
-    bootstrap, topic_factory, tmp_path, records
+    bootstrap, topic_factory, tmp_path, records, chaos
 ):
     note(repr(records))
+    note(repr(chaos))
     sow_topic = topic_factory(PARTITIONS, key=("/id",))
+    chaos_topic = topic_factory(PARTITIONS, key=("/id",))
     queue_topic = topic_factory(PARTITIONS)
     dead = topic_factory(1)
     sow_marks = write(bootstrap, sow_topic, records)
     queue_marks = write(bootstrap, queue_topic, records)
+    write(bootstrap, chaos_topic, chaos)
     config = Config.model_validate(
         {
             "Topics": [
-                {"Name": sow_topic, "Partitions": PARTITIONS},
-                {"Name": queue_topic, "Partitions": PARTITIONS},
+                {"Name": name, "Partitions": PARTITIONS}
+                for name in (sow_topic, chaos_topic, queue_topic)
             ],
-            "SOW": [{"Topic": sow_topic, "Key": "/id", "DeadLetterTopic": dead}],
+            "SOW": [
+                {"Topic": name, "Key": "/id", "DeadLetterTopic": dead}
+                for name in (sow_topic, chaos_topic)
+            ],
             "Queues": [{"Name": queue_topic}],
         }
     )
@@ -300,18 +350,23 @@ def test_no_record_stops_the_worker_or_the_queue_and_only_the_invalid_are_dead_l
         worker.start()
         worker.wait_ready()  # the queue is ready once it has read its topic to the end
         wait_caught_up(worker, bootstrap, sow_topic, PARTITIONS)
+        wait_caught_up(worker, bootstrap, chaos_topic, PARTITIONS)
         worker.raise_if_failed()
         assert sow_of(worker, sow_topic) == fold(records)
+        chaos_sow, chaos_refused = reference_of(bootstrap, worker, chaos_topic)
+        assert sow_of(worker, chaos_topic) == chaos_sow
 
         invalid = {mark for mark, made in zip(sow_marks, records, strict=True) if not made.valid}
-        assert sum(worker.rejected.values()) == len(invalid)
+        assert sum(worker.rejected.values()) == len(invalid) + len(chaos_refused)
         letters = dead_letters(bootstrap, dead)
-        assert {dict(m.headers)["source"].decode() for m in letters} == invalid
+        assert {dict(m.headers)["source"].decode() for m in letters} == invalid | chaos_refused
         originals = dict(zip(sow_marks, records, strict=True))
         for letter in letters:
             headers = dict(letter.headers)
             assert headers["reason"]
-            assert letter.raw == originals[headers["source"].decode()].value
+            source = headers["source"].decode()
+            if source in originals:
+                assert letter.raw == originals[source].value
 
         runtime = worker.queues.runtimes[queue_topic]  # type: ignore[union-attr]
         assert runtime.failure is None
