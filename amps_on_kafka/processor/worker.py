@@ -34,8 +34,7 @@ from amps_on_kafka.errors import TransportError
 from amps_on_kafka.log.envelope import Command, is_plain_publish
 from amps_on_kafka.log.kafka import (
     CONSUMER_TUNING,
-    OutageWatch,
-    client_config,
+    METADATA_TIMEOUT,
     consume_available,
     partitions_of,
 )
@@ -51,10 +50,9 @@ from amps_on_kafka.processor.dead_letters import (
 )
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
-from amps_on_kafka.processor.startup import StateDirLock, check_serves_something, check_topics
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
 from amps_on_kafka.state.record import NEVER, pack_record
-from amps_on_kafka.state.sow import Applied, SowRules, fill_previous
+from amps_on_kafka.state.sow import Applied, DefaultSchedule, SowRules, fill_previous
 from amps_on_kafka.state.store import PartitionStore, Replacements, StateBatch, store_path
 
 log = logging.getLogger(__name__)
@@ -102,8 +100,6 @@ class Worker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dead_letters = DeadLetters(bootstrap)
-        self._lock = StateDirLock(self.state_dir)
-        self.outage = OutageWatch(bootstrap)  # logs an outage of the consumer's brokers
         self._group_consumer: Consumer | None = None
         # Partitions held on a record whose dead letter failed: when each tries again, and
         # the wait after that (doubling up to RETRY_MAX).
@@ -114,18 +110,9 @@ class Worker:
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         """Run the loop in a background thread. A config Kafka can't serve (a missing
-        dead-letter topic, a topic or queue pattern Kafka lacks, a state directory
-        another worker holds, nothing to serve) raises here, in the caller's thread,
-        before anything runs (processor/startup.py)."""
-        check_serves_something(self.config)
-        self._lock.acquire()
-        try:
-            check_topics(self.bootstrap, self.config)
-            if self.rules:
-                ensure_dead_letter_topics(self.bootstrap, self.config)
-        except BaseException:
-            self._lock.release()
-            raise
+        dead-letter topic) raises here, in the caller's thread, before anything runs."""
+        if self.rules:
+            ensure_dead_letter_topics(self.bootstrap, self.config)
         self._thread = threading.Thread(target=self._run_guarded, name="amps-worker", daemon=True)
         self._thread.start()
 
@@ -172,11 +159,6 @@ class Worker:
         finally:
             self.engine.remove_listener(listener)
 
-    def join(self, timeout: float | None = None) -> None:
-        """Wait until the loop ends (it ends only by stop() or a failure)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-
     def raise_if_failed(self) -> None:
         if self._failure is not None:
             raise TransportError(f"worker failed: {self._failure}") from self._failure
@@ -185,8 +167,6 @@ class Worker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self.outage.close()
-        self._lock.release()
 
     def _run_guarded(self) -> None:
         try:
@@ -232,7 +212,7 @@ class Worker:
     def _consumer(self) -> Consumer:
         return Consumer(
             {
-                **client_config(self.bootstrap, error_cb=self.outage.error),
+                "bootstrap.servers": self.bootstrap,
                 "group.id": self.group_id,
                 "client.id": f"amps-worker-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False,
@@ -277,9 +257,38 @@ class Worker:
             rules.codec,
             self.config.state.write_buffer_bytes,
         )
+        rules.defaults[partition] = self._default_schedule(store, rules)
         self._expire_store(store, rules)  # seed 000: expirations due at startup go first
         self.engine.attach(store)
         return store
+
+    def _default_schedule(self, store: PartitionStore, rules: SowRules) -> DefaultSchedule:
+        """Seed 000: a stored deadline is never recalculated. A crash makes the worker
+        apply again what it applied since the last flush, so the default a record gets
+        must not depend on the config of the run that applies it: a default that differs
+        from the one the store last recorded is in force only from the log's end as of
+        now, and the records before (even those written while no worker ran) keep the
+        old one. The store records it on disk before anything is applied."""
+        entries = store.expiration_defaults()
+        if not entries or entries[-1][1] != rules.default_ms:
+            start = 0 if not entries else self._log_end(store, entries[-1][0])
+            entries = store.record_default(rules.default_ms, start)
+        return DefaultSchedule(tuple(entries))
+
+    def _log_end(self, store: PartitionStore, at_least: int) -> int:
+        """Where the partition's log ends now (never before the store's offset or the
+        last recorded boundary, so the boundaries only rise)."""
+        tp = TopicPartition(store.topic, store.partition)
+        try:
+            _, end = self._group_consumer.get_watermark_offsets(  # type: ignore[union-attr]
+                tp, timeout=METADATA_TIMEOUT, cached=False
+            )
+        except KafkaException as exc:
+            raise TransportError(
+                f"can't read the log end of {store.topic}|{store.partition} to record its "
+                f"new default expiration: {exc}"
+            ) from exc
+        return max(end, store.next_offset() or 0, at_least)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -334,6 +343,8 @@ class Worker:
         """
         if not rules.blind_publishes or self.engine.wants_previous(rules.topic):
             return None
+        if rules.defaults[store.partition].has_default_from(records[0].offset()):
+            return None  # records from before a default was removed keep it
         decode, key_of = rules.codec.decode, rules.keys
         staged = store.replacements()
         put, pairs = staged.put, staged.pairs

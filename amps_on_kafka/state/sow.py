@@ -7,9 +7,11 @@ same functions to compute the SOW as of a past bookmark.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, Protocol
 
 from amps_on_kafka.config import SowConfig
@@ -62,6 +64,32 @@ class Applied:
     previous: bool = True
 
 
+@dataclass(frozen=True)
+class DefaultSchedule:
+    """A topic's default expiration (ms; None: no default) in one partition, as
+    (first offset, default) entries in rising offset order: a record takes the default
+    of the last entry at or before its offset (one before every entry takes the first).
+
+    The worker keeps it in each store (PartitionStore.expiration_defaults), so the
+    deadline of a record is a function of the log and the store, the same before and
+    after a crash (docs/operations.md, "A changed default expiration").
+    """
+
+    entries: tuple[tuple[int, int | None], ...]
+
+    def at(self, offset: int) -> int | None:
+        entries = self.entries
+        if len(entries) == 1:
+            return entries[0][1]
+        index = bisect_right(entries, offset, key=itemgetter(0))
+        return entries[max(index - 1, 0)][1]
+
+    def has_default_from(self, offset: int) -> bool:
+        """Whether any record at this offset or later takes a default deadline."""
+        later = (d for start, d in self.entries if start > offset)
+        return self.at(offset) is not None or any(d is not None for d in later)
+
+
 class SowRules:
     """The rules of one SOW topic, built once from its configuration."""
 
@@ -71,7 +99,12 @@ class SowRules:
         self.keys = KeyExtractor(sow.key)
         self.key_from_publish = sow.key_from_publish
         self.expiring = sow.expiration.mode != "disabled"
-        self.default_expiration = sow.expiration.default_seconds
+        default = sow.expiration.default_seconds
+        self.default_ms = None if default is None else round(default * 1000)
+        # The default in force per partition, by offset, as the worker's stores recorded
+        # it (see DefaultSchedule); a partition without one (Spark, tests of the rules
+        # alone) takes the config's default for every record.
+        self.defaults: dict[int, DefaultSchedule] = {}
         # A plain publish then stores its payload under the key from its data, with no
         # deadline, whatever the old record was: the worker may apply such a batch
         # without reading anything (Worker._replace_blind).
@@ -82,17 +115,17 @@ class SowRules:
         self.placement: Placement | None = None
 
     # -- expiration (seed 000) ------------------------------------------------------
-    def deadline(self, timestamp: int, expiration: float | None) -> int:
+    def deadline(self, timestamp: int, expiration: float | None, default_ms: int | None) -> int:
         """The absolute deadline stored with a record, from its update's log timestamp.
 
-        The message's expiration overrides the topic default; 0 means never. With
-        expiration disabled the message's own expiration is still stored (and honoured
-        if expiration is enabled later), but no topic default applies.
+        The message's expiration overrides the topic default (`default_at`); 0 means
+        never. With expiration disabled the message's own expiration is still stored
+        (and honoured if expiration is enabled later), but no topic default applies.
         """
         if expiration is not None:
             deadline = NEVER if expiration == 0 else timestamp + round(expiration * 1000)
-        elif self.default_expiration is not None:
-            deadline = timestamp + round(self.default_expiration * 1000)
+        elif default_ms is not None:
+            deadline = timestamp + default_ms
         else:
             return NEVER
         if not -MAX_DEADLINE <= deadline <= MAX_DEADLINE:  # a log timestamp beyond reason
@@ -101,6 +134,13 @@ class SowRules:
                 "gives a deadline a stored record cannot hold"
             )
         return deadline
+
+    def default_at(self, partition: int, offset: int) -> int | None:
+        """The topic default (ms) for the record at this offset: seed 000 stores a
+        deadline once, so a record the worker applies again after a crash must get the
+        default it got the first time, not the one of a config changed since."""
+        schedule = self.defaults.get(partition)
+        return self.default_ms if schedule is None else schedule.at(offset)
 
     def is_expired(self, record: SowRecord, at: int) -> bool:
         return self.expiring and record.expired_at(at)
@@ -161,7 +201,8 @@ class SowRules:
     def _upsert(self, state: State, message: LogMessage, envelope: Envelope, out: Applied) -> None:
         data = message.data
         key = self.key_of(message, envelope)
-        deadline = self.deadline(message.timestamp, envelope.expiration)
+        default = self.default_at(message.partition, message.offset)
+        deadline = self.deadline(message.timestamp, envelope.expiration, default)
         delta = envelope.command is Command.DELTA_PUBLISH
         if out.previous or delta or self.expiring:
             existing = self._live(state, key, message.timestamp, out)

@@ -1,7 +1,8 @@
 """One RocksDB per (topic, partition): the SOW, its expiry index and the consumed offset.
 
 Column families: `sow` (sow key → record), `expiry` (deadline + sow key → nothing, so a
-sweep reads only what is due, in deadline order) and `meta` (the next offset to consume).
+sweep reads only what is due, in deadline order) and `meta` (the next offset to consume,
+and from which offset each topic default expiration is in force: expiration_defaults).
 State and offset are written in ONE WriteBatch, so the store always holds exactly the
 effect of the records before its offset, and the worker resumes there with no loss and
 no double-applied delta.
@@ -30,6 +31,9 @@ from amps_on_kafka.state.record import NEVER, SowRecord
 
 COLUMN_FAMILIES = ("sow", "expiry", "meta")
 _OFFSET_KEY = b"next_offset"
+_DEFAULTS_KEY = b"expiration_defaults"
+_DEFAULT_ENTRY = struct.Struct(">qq")  # from offset, default in ms (-1: none)
+Defaults = list[tuple[int, int | None]]  # (from offset, default expiration in ms or None)
 _UNREAD = object()
 _DEADLINE = struct.Struct(">q")
 
@@ -146,6 +150,36 @@ class PartitionStore:
     def next_offset(self) -> int | None:
         raw = self._meta.get(_OFFSET_KEY)
         return None if raw is None else _DEADLINE.unpack(raw)[0]
+
+    def expiration_defaults(self) -> Defaults:
+        """The topic default expiration in force, (from offset, ms or None), oldest first:
+        what SowRules.default_at reads (a DefaultSchedule); empty for a new store."""
+        raw = self._meta.get(_DEFAULTS_KEY)
+        if raw is None:
+            return []
+        return [(o, None if ms < 0 else ms) for o, ms in _DEFAULT_ENTRY.iter_unpack(raw)]
+
+    def record_default(self, default_ms: int | None, from_offset: int) -> Defaults:
+        """Put on disk, before anything is applied with it, that the records from this
+        offset on take this default: the store has no write-ahead log, and a default
+        lost in a crash would let the records before the boundary take the new one.
+
+        Entries no record will be applied with again are dropped: those that end at or
+        before the stored next offset (a crash resumes there at the earliest). So the
+        list holds at most the changes made since the last flush, plus one.
+        """
+        entries = [e for e in self.expiration_defaults() if e[0] < from_offset]
+        entries.append((from_offset, default_ms))
+        resume = self.next_offset() or 0
+        while len(entries) > 1 and entries[1][0] <= resume:
+            del entries[0]
+        raw = b"".join(_DEFAULT_ENTRY.pack(o, -1 if d is None else d) for o, d in entries)
+        writes = WriteBatch(raw_mode=True)
+        writes.put(_DEFAULTS_KEY, raw, self._handles["meta"])
+        self._db.write(writes, _NO_WAL)
+        self._unflushed = True
+        self.flush()
+        return entries
 
     def get(self, sow_key: str) -> SowRecord | None:
         raw = self._sow.get(sow_key.encode())
