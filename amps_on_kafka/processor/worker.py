@@ -35,6 +35,8 @@ from amps_on_kafka.log.envelope import Command, is_plain_publish
 from amps_on_kafka.log.kafka import (
     CONSUMER_TUNING,
     METADATA_TIMEOUT,
+    OutageWatch,
+    client_config,
     consume_available,
     partitions_of,
 )
@@ -50,6 +52,7 @@ from amps_on_kafka.processor.dead_letters import (
 )
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
+from amps_on_kafka.processor.startup import StateDirLock, check_serves_something, check_topics
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
 from amps_on_kafka.state.record import NEVER, pack_record
 from amps_on_kafka.state.sow import Applied, DefaultSchedule, SowRules, fill_previous
@@ -100,6 +103,8 @@ class Worker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dead_letters = DeadLetters(bootstrap)
+        self._lock = StateDirLock(self.state_dir)
+        self.outage = OutageWatch(bootstrap)  # logs an outage of the consumer's brokers
         self._group_consumer: Consumer | None = None
         # Partitions held on a record whose dead letter failed: when each tries again, and
         # the wait after that (doubling up to RETRY_MAX).
@@ -110,9 +115,18 @@ class Worker:
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         """Run the loop in a background thread. A config Kafka can't serve (a missing
-        dead-letter topic) raises here, in the caller's thread, before anything runs."""
-        if self.rules:
-            ensure_dead_letter_topics(self.bootstrap, self.config)
+        dead-letter topic, a topic or queue pattern Kafka lacks, a state directory
+        another worker holds, nothing to serve) raises here, in the caller's thread,
+        before anything runs (processor/startup.py)."""
+        check_serves_something(self.config)
+        self._lock.acquire()
+        try:
+            check_topics(self.bootstrap, self.config)
+            if self.rules:
+                ensure_dead_letter_topics(self.bootstrap, self.config)
+        except BaseException:
+            self._lock.release()
+            raise
         self._thread = threading.Thread(target=self._run_guarded, name="amps-worker", daemon=True)
         self._thread.start()
 
@@ -159,6 +173,11 @@ class Worker:
         finally:
             self.engine.remove_listener(listener)
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the loop ends (it ends only by stop() or a failure)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
     def raise_if_failed(self) -> None:
         if self._failure is not None:
             raise TransportError(f"worker failed: {self._failure}") from self._failure
@@ -167,6 +186,8 @@ class Worker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.outage.close()
+        self._lock.release()
 
     def _run_guarded(self) -> None:
         try:
@@ -212,7 +233,7 @@ class Worker:
     def _consumer(self) -> Consumer:
         return Consumer(
             {
-                "bootstrap.servers": self.bootstrap,
+                **client_config(self.bootstrap, error_cb=self.outage.error),
                 "group.id": self.group_id,
                 "client.id": f"amps-worker-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False,
