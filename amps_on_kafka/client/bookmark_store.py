@@ -37,7 +37,16 @@ from typing import Any
 import orjson
 
 from amps_on_kafka import EPOCH
-from amps_on_kafka.client.mapped_file import MappedLog, MappedSlots, read_lines
+from amps_on_kafka.client.mapped_file import (
+    DamagedFile,
+    MappedLog,
+    MappedSlots,
+    keep_damaged,
+    offset_of,
+    read_lines,
+    seal,
+    unseal,
+)
 from amps_on_kafka.errors import InvalidBookmark
 from amps_on_kafka.log.bookmarks import TP, Position, format_bookmark, parse_bookmark
 from amps_on_kafka.log.envelope import H_PUBLISHER, H_SEQUENCE
@@ -357,7 +366,14 @@ def _stamp(message: Any) -> tuple[bytes | None, bytes | None]:
 
 # -- the logged store ------------------------------------------------------------------------
 
-LOG_HEADER = b"AMPS-KAFKA BOOKMARKS 1"
+LOG_HEADER = b"AMPS-KAFKA BOOKMARKS 2"  # records sealed with their CRC-32 (mapped_file.seal)
+LOG_HEADER_V1 = b"AMPS-KAFKA BOOKMARKS 1"  # the same records without checksums: still read
+LOG_REMEDY = (
+    "open it with LoggedBookmarkStore(path, salvage=True) to keep the state its records "
+    "before the damage give (the damaged file is copied beside it as <name>.damaged; "
+    "messages discarded after that point are delivered again), or move the file away to "
+    "start its subscriptions afresh"
+)
 UNWRITTEN_LIMIT = 4096  # deliveries kept back at most, per partition, before writing them
 
 
@@ -371,7 +387,10 @@ class LoggedBookmarkStore(BookmarkStore):
 
     Replaying the log rebuilds the state, so on open the store reads it and rewrites it
     compacted: per partition its recovery point, newest offset, discards after the
-    recovery point and newest sequence per publisher.
+    recovery point and newest sequence per publisher. Each record carries its CRC-32: a
+    record that doesn't read anywhere but at the torn end of a kill makes the store
+    refuse the file (DamagedFile, which says where and how to recover) unless opened
+    with `salvage=True`.
 
     To keep pace with a replay, a delivery's record is held back until something needs
     it: when the application discards messages in the order they came, each message costs
@@ -379,18 +398,35 @@ class LoggedBookmarkStore(BookmarkStore):
     dies is simply delivered again after the restart, which is what its state requires.
     """
 
-    def __init__(self, path: str | Path, *, sync_interval: float | None = 1.0) -> None:
+    def __init__(
+        self, path: str | Path, *, sync_interval: float | None = 1.0, salvage: bool = False
+    ) -> None:
         super().__init__()
         self.path = Path(path)
         self._sync_interval = sync_interval
         self._sub_ids: dict[str, int] = {}
         self._publisher_ids: dict[bytes, bytes] = {}  # publisher -> b"<id> " in the file
         self._next_id = 1
-        _LogReader(self._subs).read(read_lines(self.path))
+        self._read(salvage)
         for parts in self._subs.values():
             for part in parts.values():
                 part.reopened()
         self._file = MappedLog(self.path, self._snapshot(), sync_interval=sync_interval)
+
+    def _read(self, salvage: bool) -> None:
+        """Rebuild the state from the file. A record that doesn't read before the last one
+        is damage: DamagedFile, unless `salvage` (then the state its records before the
+        damage give, an earlier state whose only loss is redelivery; a copy of the file
+        is kept). Skipping the bad record and reading on is not safe: a lost delivery
+        record would let the recovery point move past a message never discarded."""
+        lines = read_lines(self.path)
+        damage = _LogReader(self._subs).read(lines)
+        if damage is None:
+            return
+        index, problem = damage
+        if not salvage:
+            raise DamagedFile(self.path, offset_of(lines, index), problem, LOG_REMEDY)
+        keep_damaged(self.path)
 
     def sync(self) -> None:
         with self._lock:
@@ -410,13 +446,13 @@ class LoggedBookmarkStore(BookmarkStore):
 
     def _added_subscription(self, sub_id: str) -> None:
         self._sub_ids[sub_id] = sid = self._new_id()
-        self._file.append(b"S %d %s\n" % (sid, orjson.dumps(sub_id)))
+        self._file.append(b"S %d %s" % (sid, orjson.dumps(sub_id)))
 
     def _added_partition(self, sub_id: str, tp: TP, part: _Partition) -> None:
         part.ref = self._new_id()
         self._file.append(_partition_record(part.ref, self._sub_ids[sub_id], tp))
         if part.recovery >= 0:
-            self._file.append(b"c %d %d %d\n" % (part.ref, part.recovery, part.seen))
+            self._file.append(b"c %d %d %d" % (part.ref, part.recovery, part.seen))
 
     def _logged(
         self,
@@ -440,12 +476,12 @@ class LoggedBookmarkStore(BookmarkStore):
             _, publisher, sequence = unwritten.popleft()
             pid = self._publisher_ids.get(publisher) if publisher is not None else None
             if pid is not None:
-                self._file.append(b"x %d %d %b%b\n" % (part.ref, offset, pid, sequence))
+                self._file.append(b"x %d %d %b%b" % (part.ref, offset, pid, sequence))
             else:
                 self._file.append(self._delivery(b"x", part.ref, offset, publisher, sequence))
             return
         self._write_unwritten(part)
-        self._file.append(b"d %d %d\n" % (part.ref, offset))
+        self._file.append(b"d %d %d" % (part.ref, offset))
 
     def _write_unwritten(self, part: _Partition) -> None:
         while part.unwritten:
@@ -456,12 +492,12 @@ class LoggedBookmarkStore(BookmarkStore):
         self, kind: bytes, ref: int, offset: int, publisher: bytes | None, sequence: bytes | None
     ) -> bytes:
         if publisher is None or sequence is None:
-            return b"%b %d %d\n" % (kind, ref, offset)
+            return b"%b %d %d" % (kind, ref, offset)
         pid = self._publisher_ids.get(publisher)
         if pid is None:
             pid = self._publisher_ids[publisher] = b"%d " % self._new_id()
-            self._file.append(b"P %b%b\n" % (pid, publisher.hex().encode()))
-        return b"%b %d %d %b%b\n" % (kind, ref, offset, pid, sequence)
+            self._file.append(b"P %b%b" % (pid, publisher.hex().encode()))
+        return b"%b %d %d %b%b" % (kind, ref, offset, pid, sequence)
 
     def _purged(self, sub_id: str | None) -> None:
         self._file.close()
@@ -470,27 +506,27 @@ class LoggedBookmarkStore(BookmarkStore):
     def _snapshot(self) -> bytes:
         """The whole state as records, renumbering every id."""
         self._sub_ids, self._publisher_ids, self._next_id = {}, {}, 1
-        lines = [LOG_HEADER + b"\n"]
+        records = []
         for sub_id, parts in self._subs.items():
             self._sub_ids[sub_id] = sid = self._new_id()
-            lines.append(b"S %d %s\n" % (sid, orjson.dumps(sub_id)))
+            records.append(b"S %d %s" % (sid, orjson.dumps(sub_id)))
             for tp, part in parts.items():
                 part.ref = self._new_id()
-                lines.append(_partition_record(part.ref, sid, tp))
-                lines.append(b"c %d %d %d\n" % (part.ref, part.recovery, part.seen))
-                lines.extend(b"d %d %d\n" % (part.ref, o) for o in sorted(part.discarded))
-                lines.extend(self._publisher_records(part))
+                records.append(_partition_record(part.ref, sid, tp))
+                records.append(b"c %d %d %d" % (part.ref, part.recovery, part.seen))
+                records.extend(b"d %d %d" % (part.ref, o) for o in sorted(part.discarded))
+                records.extend(self._publisher_records(part))
                 written = len(part.pending) - len(part.unwritten)  # the rest follow later
-                lines.extend(b"l %d %d\n" % (part.ref, o) for o in list(part.pending)[:written])
-        return b"".join(lines)
+                records.extend(b"l %d %d" % (part.ref, o) for o in list(part.pending)[:written])
+        return LOG_HEADER + b"\n" + b"".join(map(seal, records))
 
     def _publisher_records(self, part: _Partition) -> Iterable[bytes]:
         for publisher, sequence in part.publishers.items():
             pid = self._publisher_ids.get(publisher)
             if pid is None:
                 pid = self._publisher_ids[publisher] = b"%d " % self._new_id()
-                yield b"P %b%b\n" % (pid, publisher.hex().encode())
-            yield b"q %d %b%b\n" % (part.ref, pid, sequence)
+                yield b"P %b%b" % (pid, publisher.hex().encode())
+            yield b"q %d %b%b" % (part.ref, pid, sequence)
 
 
 def _digits(field: bytes) -> bytes:
@@ -500,13 +536,14 @@ def _digits(field: bytes) -> bytes:
 
 
 def _partition_record(ref: int, sid: int, tp: TP) -> bytes:
-    return b"T %d %d %d %b\n" % (ref, sid, tp[1], tp[0].encode())
+    return b"T %d %d %d %b" % (ref, sid, tp[1], tp[0].encode())
 
 
 class _LogReader:
     """Rebuilds the state by applying a log's records, in order, to partitions.
 
-    Reading stops at the first record that doesn't parse: the tail a crash may tear.
+    Reading stops at the first record that doesn't read (read_lines has already left
+    out the tail a kill may tear) and says which and why: the store decides.
     """
 
     def __init__(self, subs: dict[str, dict[TP, _Partition]]) -> None:
@@ -515,16 +552,20 @@ class _LogReader:
         self.parts: dict[int, _Partition] = {}
         self.publishers: dict[int, bytes] = {}
 
-    def read(self, lines: list[bytes]) -> None:
+    def read(self, lines: list[bytes]) -> tuple[int, str] | None:
+        """Apply every record; the index of the first that doesn't read and why, if any."""
         if not lines:
-            return
-        if lines[0] != LOG_HEADER:
+            return None
+        if lines[0] not in (LOG_HEADER, LOG_HEADER_V1):
             raise ValueError(f"not a LoggedBookmarkStore file (no {LOG_HEADER!r} header)")
-        for line in lines[1:]:
+        sealed = lines[0] == LOG_HEADER
+        for index in range(1, len(lines)):
+            line = lines[index]
             try:
-                self._apply(line.split(b" "))
-            except (KeyError, ValueError, IndexError, orjson.JSONDecodeError):
-                return
+                self._apply((unseal(line) if sealed else line).split(b" "))
+            except (KeyError, ValueError, IndexError, orjson.JSONDecodeError) as exc:
+                return index, f"record {index + 1} ({line[:60]!r}) doesn't read: {exc!r}"
+        return None
 
     def _apply(self, fields: list[bytes]) -> None:
         kind, ref = fields[0], int(fields[1])

@@ -6,33 +6,90 @@ gives both: bytes copied into the map are in the kernel's page cache as soon as 
 returns, so they survive SIGKILL without a system call; only an OS crash or a power cut
 can lose what was not synced yet (`sync()`: msync + fsync).
 
-Appended records are text lines. The file grows in zero-filled chunks, so a record torn
-by a kill holds a NUL byte: reading stops at the first line that is incomplete or holds
-one, which keeps every record before it.
+Appended records are text lines, each sealed with its CRC-32 (`seal`). The file grows in
+zero-filled chunks, and a kill tears at most the record being written: the last one, which
+then lacks its newline and is followed only by zero bytes. That tail is dropped on reading;
+anything else that doesn't read (a record whose checksum fails, a zero byte before the
+last record) is damage, and the stores refuse such a file with DamagedFile rather than
+drop the records after it (see docs/subscribers.md, "A damaged store file").
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
+import shutil
 import time
 from pathlib import Path
+from zlib import crc32
+
+from amps_on_kafka.errors import AmpsError
 
 CHUNK = 1 << 20  # the file grows this much at a time
 SYNC_CHECK_MASK = (1 << 15) - 1  # appends look at the clock once per 32 KiB written
 
+log = logging.getLogger(__name__)
+
+
+class DamagedFile(AmpsError, ValueError):
+    """A store file with a record that can't be read before its end. Refused, with
+    where and how to recover: dropping the records after it would silently bring back
+    (or lose) what they recorded."""
+
+    def __init__(self, path: Path, offset: int, problem: str, remedy: str) -> None:
+        super().__init__(
+            f"{path} is damaged at byte {offset}: {problem}. The file was left as it is; {remedy}"
+        )
+        self.path = path
+        self.offset = offset
+
 
 def read_lines(path: Path) -> list[bytes]:
-    """The complete records of a file written by MappedLog (nothing if there is none)."""
+    """The complete records of a file written by MappedLog or appended to with write(2)
+    (nothing if there is none). The zero fill after the last record, and a last record
+    without its newline (torn by a kill), are left out; a record damaged anywhere else
+    is returned as it is, for the reader to refuse."""
     try:
         content = path.read_bytes()
     except FileNotFoundError:
         return []
-    end = content.find(b"\0")
-    if end >= 0:
-        content = content[:end]
-    lines = content.split(b"\n")
+    lines = content.rstrip(b"\0").split(b"\n")
     return lines[:-1]  # the last piece has no newline: empty, or a torn record
+
+
+def offset_of(lines: list[bytes], index: int) -> int:
+    """Where the line at `index` of read_lines' answer starts in the file."""
+    return sum(len(line) + 1 for line in lines[:index])
+
+
+def seal(record: bytes) -> bytes:
+    """A record as a line of the file: the record, a space, its CRC-32 in hex, a newline.
+    A damaged record then fails its check instead of reading as another record."""
+    return b"%b %08x\n" % (record, crc32(record))
+
+
+def unseal(line: bytes) -> bytes:
+    """The record of a sealed line; ValueError when its checksum doesn't match."""
+    record, _, check = line.rpartition(b" ")
+    if len(check) != 8 or int(check, 16) != crc32(record):
+        raise ValueError("its checksum doesn't match")
+    return record
+
+
+def keep_damaged(path: Path) -> Path:
+    """Copy a damaged file beside it (`<name>.damaged`, or `.damaged.N` if taken) before
+    a store rewrites it from the records it could read."""
+    kept = path.with_name(path.name + ".damaged")
+    number = 0
+    while kept.exists():
+        number += 1
+        kept = path.with_name(f"{path.name}.damaged.{number}")
+    shutil.copy2(path, kept)
+    with open(kept, "rb+") as copy:
+        os.fsync(copy.fileno())
+    log.warning("%s is damaged: a copy is kept as %s", path, kept)
+    return kept
 
 
 def replace_file(path: Path, content: bytes) -> None:
@@ -52,7 +109,7 @@ def replace_file(path: Path, content: bytes) -> None:
 
 
 class MappedLog:
-    """An append-only record file: `append` copies bytes into a memory map.
+    """An append-only record file: `append` seals a record and copies it into a memory map.
 
     `sync_interval` bounds what an OS crash can lose: every so many seconds (checked each
     32 KiB of records) the map is flushed to disk; `sync()` and `close()` flush too.
@@ -70,6 +127,8 @@ class MappedLog:
         self._synced_at = time.monotonic()
 
     def append(self, record: bytes) -> None:
+        """Add one record (without its newline: see `seal`)."""
+        record = b"%b %08x\n" % (record, crc32(record))  # seal(), inline: once per message
         start, size = self._end, len(record)
         end = start + size
         if end >= self._size:

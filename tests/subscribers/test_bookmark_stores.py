@@ -13,6 +13,7 @@ import pytest
 from amps_on_kafka import EPOCH
 from amps_on_kafka.client import LoggedBookmarkStore, MemoryBookmarkStore, RingBookmarkStore
 from amps_on_kafka.client.bookmark_store import BookmarkStore
+from amps_on_kafka.client.mapped_file import DamagedFile
 from tests.subscribers.conftest import record
 
 KINDS = ["memory", "logged", "ring"]
@@ -255,3 +256,73 @@ def test_a_file_of_another_kind_is_refused(tmp_path):
         LoggedBookmarkStore(path)
     with pytest.raises(ValueError, match="header differs"):
         RingBookmarkStore(path)
+
+
+# -- defect 9: a damaged file is refused (or salvaged on request), never cut short silently
+
+
+def out_of_order_file(path: Path) -> bytes:
+    """A logged store's file whose discards after the recovery point are each a record
+    of their own: 0 and 1 are discarded in order, then 3, 5 ... 19 out of order."""
+    with LoggedBookmarkStore(path) as store:
+        deliver(store, range(20))
+        for offset in (0, *range(1, 20, 2)):
+            store.discard(record(offset), "s")
+    return path.read_bytes()
+
+
+def test_defect_9_a_record_damaged_in_the_middle_refuses_the_file_and_leaves_it_as_it_is(
+    tmp_path,
+):
+    """Before: everything after the damaged record was dropped without an error, the
+    file was rewritten compacted, and the discards recorded after it came back."""
+    path = tmp_path / "bookmarks.log"
+    data = bytearray(out_of_order_file(path))
+    damaged_at = data.index(b"d 3 5 ")  # the discard of 5; those of 7..19 come after it
+    data[damaged_at + 4] ^= 0x01  # "5" becomes "4": still a number, but its checksum fails
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedFile) as refused:
+        LoggedBookmarkStore(path)
+    message = str(refused.value)
+    assert str(path) in message and f"byte {damaged_at}" in message
+    assert "salvage=True" in message and "checksum" in message
+    assert path.read_bytes() == bytes(data)  # not rewritten
+
+
+def test_defect_9_salvage_keeps_the_damaged_file_and_the_state_before_the_damage(tmp_path):
+    """An explicit salvage keeps a copy and the state of the records before the damage:
+    an earlier state, so what was discarded after it is delivered again, never skipped."""
+    path = tmp_path / "bookmarks.log"
+    data = bytearray(out_of_order_file(path))
+    damaged_at = data.index(b"d 3 5 ")
+    data[damaged_at + 4] ^= 0x01
+    path.write_bytes(bytes(data))
+    with LoggedBookmarkStore(path, salvage=True) as store:
+        assert store.get_most_recent("s") == "orders|0|1|"  # 0 and 1 were in order
+        delivered = deliver(store, range(2, 20))
+    assert (tmp_path / "bookmarks.log.damaged").read_bytes() == bytes(data)
+    refused = {o for o, ok in zip(range(2, 20), delivered, strict=True) if not ok}
+    assert refused == {3}  # only the discards recorded before the damage
+
+
+def test_defect_9_a_zero_byte_before_the_last_record_is_damage_not_a_torn_tail(tmp_path):
+    """A kill tears only the last record; zeros in the middle (pages an OS crash did
+    not write) used to end the reading there, silently."""
+    path = tmp_path / "bookmarks.log"
+    data = bytearray(out_of_order_file(path))
+    middle = data.index(b"d 3 9 ")
+    data[middle : middle + 6] = bytes(6)
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedFile, match=f"byte {middle}"):
+        LoggedBookmarkStore(path)
+
+
+def test_a_file_of_the_first_format_without_checksums_is_still_read(tmp_path):
+    path = tmp_path / "bookmarks.log"
+    path.write_bytes(
+        b"AMPS-KAFKA BOOKMARKS 1\nS 2 \"s\"\nT 3 2 0 orders\nl 3 0\nl 3 1\nx 3 2\nd 3 0\n"
+    )
+    with LoggedBookmarkStore(path) as store:
+        assert store.get_most_recent("s") == "orders|0|0|"
+        assert store.is_discarded(record(2), "s") and not store.is_discarded(record(1), "s")
+    assert path.read_bytes().startswith(b"AMPS-KAFKA BOOKMARKS 2\n")

@@ -18,12 +18,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from amps_on_kafka import EPOCH
 from amps_on_kafka.client import LoggedBookmarkStore, MemoryBookmarkStore, RingBookmarkStore
+from amps_on_kafka.client.mapped_file import DamagedFile
 from amps_on_kafka.log.bookmarks import format_bookmark
 from tests.subscribers.conftest import record
 
@@ -147,3 +148,106 @@ class StoreMachine(RuleBasedStateMachine):
 
 StoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_bookmark_store_state_machine = StoreMachine.TestCase
+
+
+# -- defect 9: a damaged file never loses what its intact records hold, silently
+
+
+@st.composite
+def store_files(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """The file of a logged store after random deliveries (some duplicates), discards in
+    random order and maybe a reopen (which compacts it), closed or left as a kill leaves
+    it (with its zero fill)."""
+    count = draw(st.integers(1, 24))
+    partitions = draw(st.lists(st.sampled_from(PARTITIONS), min_size=count, max_size=count))
+    copies = draw(st.lists(st.booleans(), min_size=count, max_size=count))
+    order = draw(st.permutations(range(count)))
+    discards = order[: draw(st.integers(0, count))]
+    reopen_after = draw(st.integers(0, len(discards)))
+    closed = draw(st.booleans())
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "store.log")
+        store = LoggedBookmarkStore(path)
+        messages = [
+            record(i, 1000 if copy else 1000 + i, partition=p)
+            for i, (p, copy) in enumerate(zip(partitions, copies, strict=True))
+        ]
+        for message in messages:
+            store.log(message, "s")
+        for number, index in enumerate(discards):
+            if number == reopen_after:
+                store.close()
+                store = LoggedBookmarkStore(path)
+            store.discard(messages[index], "s")
+        content = path.read_bytes()
+        store.close()
+        return (path.read_bytes() if closed else content), closed
+
+
+@st.composite
+def damages(draw: st.DrawFn, size: int, header: int) -> tuple[str, int, bytes]:
+    """A flipped byte, a cut, or garbage inserted, somewhere after the header."""
+    kind = draw(st.sampled_from(["flip", "cut", "insert"]))
+    at = draw(st.integers(header, size - 1 if kind == "flip" else size))
+    if kind == "flip":
+        return kind, at, bytes([draw(st.integers(1, 255))])
+    if kind == "cut":
+        return kind, at, b""
+    return kind, at, draw(st.binary(min_size=1, max_size=12))
+
+
+def damaged(content: bytes, damage: tuple[str, int, bytes]) -> bytes:
+    kind, at, data = damage
+    if kind == "flip":
+        return content[:at] + bytes([content[at] ^ data[0]]) + content[at + 1 :]
+    if kind == "cut":
+        return content[:at]
+    return content[:at] + data + content[at:]
+
+
+def state_of(content: bytes, **options) -> dict:
+    """What a logged store opened on this file knows (on a copy: opening rewrites it)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "store.log")
+        path.write_bytes(content)
+        with LoggedBookmarkStore(path, **options) as store:
+            return {
+                (sub, tp): (p.recovery, p.seen, sorted(p.discarded), sorted(p.publishers.items()))
+                for sub, parts in store._subs.items()
+                for tp, p in parts.items()
+            }
+
+
+def line_start(content: bytes, at: int) -> int:
+    """Where the line holding byte `at` starts."""
+    return content.rfind(b"\n", 0, at) + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_defect_9_damage_refuses_the_file_or_loses_no_intact_record_after_it(data):
+    """Any damage to a logged store's file: the store refuses it (DamagedFile), or it
+    knows exactly what the undamaged file held - unless no complete record follows the
+    damage (a cut, or the last record hit), when it may know what the records before the
+    damaged one held, as after a kill. With salvage=True it never refuses, and knows
+    what the records before the damaged one held. Never anything else: before the fix,
+    the records after a damaged one were silently dropped."""
+    content, _ = data.draw(store_files())
+    header = content.index(b"\n") + 1
+    damage = data.draw(damages(len(content), header))
+    spoiled = damaged(content, damage)
+    whole = state_of(content)
+    kind, at, _ = damage
+    body_end = len(content.rstrip(b"\0"))
+    records_after = kind != "cut" and content.rfind(b"\n", 0, body_end) >= at + (kind == "flip")
+    before = state_of(content[: line_start(content, at)])
+    try:
+        opened = state_of(spoiled)
+    except DamagedFile as refused:
+        assert refused.offset >= line_start(content, at) - 1
+        assert state_of(spoiled, salvage=True) == before
+        return
+    if records_after:
+        assert opened == whole
+    else:
+        assert opened in (whole, before)
