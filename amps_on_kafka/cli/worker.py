@@ -106,8 +106,10 @@ def _serve(processor: Worker, servers: str, listen: str, stopping: threading.Eve
             f"state in {processor.state_dir}",
             err=True,
         )
-        processor.join()  # the loop ends only by failing: stop() comes below
-        processor.raise_if_failed()
+        # Not Thread.join: a signal interrupting it marks the thread as stopped (CPython's
+        # bpo-45274 handling), and stop() would then not wait for the stores to close.
+        while not stopping.wait(0.5):
+            processor.raise_if_failed()
     finally:
         stopping.set()
         if gateway is not None:

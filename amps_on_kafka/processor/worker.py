@@ -173,11 +173,6 @@ class Worker:
         finally:
             self.engine.remove_listener(listener)
 
-    def join(self, timeout: float | None = None) -> None:
-        """Wait until the loop ends (it ends only by stop() or a failure)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-
     def raise_if_failed(self) -> None:
         if self._failure is not None:
             raise TransportError(f"worker failed: {self._failure}") from self._failure

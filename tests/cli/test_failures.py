@@ -1,0 +1,391 @@
+"""Defect 12: every way `amps-kafka` can fail to start ends in one clear line and the exit
+code docs/operations.md lists (1 runtime error, 2 usage error, 130 Ctrl-C), never a
+traceback. The real command runs as a subprocess: the exit code and the shape of stderr
+are what is under test."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from amps_on_kafka.broker import LocalBroker
+from amps_on_kafka.broker.testing import free_ports
+
+AMPS_KAFKA = str(Path(sys.executable).with_name("amps-kafka"))
+READY_TIMEOUT = 90.0  # a worker on a busy CI machine: recovering its stores, joining the group
+
+
+def amps_kafka(*args: str, bootstrap: str | None = None, timeout: float = 60.0):
+    """Run the command to its end; (exit code, stdout, stderr, seconds)."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [AMPS_KAFKA, *args],
+        env=_env(bootstrap),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - started
+
+
+def _env(bootstrap: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    if bootstrap is not None:
+        env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
+    return env
+
+
+def one_error_line(stderr: str) -> str:
+    """The whole of stderr, which must be a single `Error: ...` line."""
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), stderr
+    return lines[0]
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / f"amps-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def sow_yaml(topic: str) -> str:
+    topics = f"Topics:\n  - Name: {topic}\n    Partitions: 2\n"
+    return topics + f"SOW:\n  - Topic: {topic}\n    Key: /id\n"
+
+
+class Running:
+    """A command running in the background, its stderr read line by line as it comes."""
+
+    def __init__(self, *args: str, bootstrap: str) -> None:
+        self.process = subprocess.Popen(
+            [AMPS_KAFKA, *args],
+            env=_env(bootstrap),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.stderr: list[str] = []
+        self.stdout: queue.Queue[str] = queue.Queue()
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._pumps = [
+            threading.Thread(target=_pump, args=(stream, sink), daemon=True)
+            for stream, sink in (
+                (self.process.stderr, self._lines),
+                (self.process.stdout, self.stdout),
+            )
+        ]
+        for pump in self._pumps:
+            pump.start()
+
+    def wait_for(self, text: str, timeout: float = READY_TIMEOUT) -> str:
+        """The first stderr line containing `text` (failing if the command ends first)."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                break
+            self.stderr.append(line)
+            if text in line:
+                return line
+        pytest.fail(f"no {text!r} on stderr; exit {self.process.poll()}: {''.join(self.stderr)}")
+
+    def interrupt(self, signum: int = signal.SIGINT, timeout: float = 60.0) -> tuple[int, str]:
+        """Send `signum`; the exit code and the rest of stderr."""
+        self.process.send_signal(signum)
+        code = self.process.wait(timeout)
+        self._pumps[0].join(timeout)  # stderr read to its end
+        while not self._lines.empty():
+            self.stderr.append(self._lines.get())
+        return code, "".join(self.stderr)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _pump(stream, sink: queue.Queue[str]) -> None:
+    for line in stream:
+        sink.put(line)
+
+
+# -- the defect's own cases -----------------------------------------------------------------
+def test_a_gateway_listen_of_nowhere_is_a_config_error_naming_the_key(bootstrap, tmp_path):
+    """It was a ValueError traceback from the gateway, after the stores had recovered."""
+    config = write_config(tmp_path, "Gateway:\n  Listen: nowhere\n" + sow_yaml("t"))
+    code, _, stderr, _ = amps_kafka("worker", "--config", config, bootstrap=bootstrap)
+    assert code == 1
+    assert "Gateway.Listen: 'nowhere' is not HOST:PORT" in one_error_line(stderr)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--log-level", "LOUD"), ("--listen", "nowhere"), ("--listen", "h:70000")]
+)
+def test_a_bad_worker_option_is_a_usage_error(tmp_path, option, value):
+    """`--log-level LOUD` was a ValueError traceback from logging."""
+    config = write_config(tmp_path, sow_yaml("t"))
+    code, _, stderr, _ = amps_kafka("worker", "--config", config, option, value)
+    assert code == 2 and "Traceback" not in stderr
+    assert f"Invalid value for '{option}'" in stderr
+
+
+def test_log_level_is_case_insensitive(tmp_path):
+    config = write_config(tmp_path, "Topics: []\n")  # refused after the option is accepted
+    code, _, stderr, _ = amps_kafka("worker", "--config", config, "--log-level", "debug")
+    assert code == 1 and "no SOW topic and no queue" in one_error_line(stderr)
+
+
+def test_an_empty_config_refuses_to_start_a_worker_that_would_serve_nothing(tmp_path):
+    """It started a worker with nothing to serve. Refused before Kafka is even asked."""
+    config = write_config(tmp_path, "Topics:\n  - Name: orders\n")
+    code, _, stderr, _ = amps_kafka("worker", "--config", config)
+    assert code == 1
+    assert f"{config} has no SOW topic and no queue" in one_error_line(stderr)
+
+
+def test_a_queue_whose_underlying_topic_matches_nothing_is_named_within_seconds(
+    bootstrap, tmp_path
+):
+    """It logged a traceback, then "not ready after 60 s"."""
+    pattern = f"nothing-{uuid.uuid4().hex[:8]}-.*"
+    config = write_config(tmp_path, f"Queues:\n  - Name: work\n    UnderlyingTopic: {pattern}\n")
+    code, _, stderr, seconds = amps_kafka(
+        "worker", "--config", config, "--state-dir", str(tmp_path / "s"), bootstrap=bootstrap
+    )
+    assert code == 1
+    line = one_error_line(stderr)
+    assert f"queue work: no topic matches UnderlyingTopic '{pattern}'" in line
+    assert seconds < 15
+
+
+def test_a_sow_topic_missing_from_kafka_is_named(bootstrap, tmp_path):
+    """It waited 60 s for partitions that could never come ("not ready after 60 s")."""
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    config = write_config(tmp_path, sow_yaml(missing))
+    code, _, stderr, _ = amps_kafka(
+        "worker", "--config", config, "--state-dir", str(tmp_path / "s"), bootstrap=bootstrap
+    )
+    assert code == 1
+    assert f"SOW topic '{missing}' does not exist on Kafka" in one_error_line(stderr)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("topics", "list"),
+        ("replay", "orders"),
+        ("publish", "orders", '{"id": 1}'),
+        ("log", "info"),
+        ("bookmark", "resolve", "orders", "0"),
+        ("worker", "--config", "{config}"),
+    ],
+    ids=lambda command: command[0],
+)
+def test_an_unreachable_broker_is_one_line_naming_it_within_5_s(tmp_path, command):
+    """It printed 200-460 raw librdkafka lines and took 10-20 s before the error."""
+    (port,) = free_ports(1)  # nothing listens there
+    address = f"127.0.0.1:{port}"
+    config = write_config(tmp_path, sow_yaml("orders"))
+    args = [part.replace("{config}", config) for part in command]
+    code, _, stderr, seconds = amps_kafka(*args, "--bootstrap", address)
+    assert code == 1
+    assert f"no Kafka broker answers at {address}" in one_error_line(stderr)
+    assert seconds < 5.0
+
+
+# -- a second worker, and Ctrl-C ---------------------------------------------------------
+@pytest.fixture
+def worker(bootstrap, topic_factory, tmp_path) -> Iterator[tuple[Running, str, Path, str]]:
+    """A running `amps-kafka worker`: (it, its topic, its state dir, its gateway URI)."""
+    topic = topic_factory(2, key=("/id",))
+    config = write_config(tmp_path, sow_yaml(topic))
+    state = tmp_path / "state"
+    running = Running(
+        "worker", "--config", config, "--state-dir", str(state), "--listen", "127.0.0.1:0",
+        "--group", f"g-{uuid.uuid4().hex[:8]}", bootstrap=bootstrap,
+    )  # fmt: skip
+    try:
+        ready = running.wait_for("worker ready: gateway ")
+        yield running, topic, state, ready.split("gateway ")[1].split(",")[0]
+    finally:
+        running.kill()
+
+
+def test_a_second_worker_on_the_same_state_dir_is_one_line_naming_it_and_the_pid(
+    bootstrap, worker, tmp_path
+):
+    """It printed two tracebacks (RocksDB's LOCK error) once a partition moved to it."""
+    first, topic, state, _ = worker
+    config = write_config(tmp_path, sow_yaml(topic))
+    code, _, stderr, _ = amps_kafka(
+        "worker", "--config", config, "--state-dir", str(state), "--listen", "127.0.0.1:0",
+        bootstrap=bootstrap,
+    )  # fmt: skip
+    assert code == 1
+    line = one_error_line(stderr)
+    assert f"state directory {state} is in use by another worker (PID {first.process.pid})" in line
+    assert first.process.poll() is None  # the first one goes on
+
+
+def test_ctrl_c_stops_the_worker_cleanly_with_exit_code_130(worker):
+    running, _, _, _ = worker
+    code, stderr = running.interrupt(signal.SIGINT)
+    assert code == 130
+    assert "Traceback" not in stderr and "revoked" in stderr  # its stores were closed
+
+
+def test_sigterm_stops_the_worker_cleanly_with_exit_code_0(worker):
+    running, _, _, _ = worker
+    code, stderr = running.interrupt(signal.SIGTERM)
+    assert code == 0
+    assert "Traceback" not in stderr and "revoked" in stderr
+
+
+def test_ctrl_c_stops_subscribe_with_exit_code_130_and_no_traceback(bootstrap, worker):
+    """click's own handling printed "Aborted!" and exited 1, like a failure."""
+    _, topic, _, server = worker
+    subscriber = Running("subscribe", topic, "--server", server, bootstrap=bootstrap)
+    try:
+        marker = uuid.uuid4().hex
+        published = None
+        deadline = time.monotonic() + READY_TIMEOUT
+        while published is None and time.monotonic() < deadline:  # live once it prints one
+            assert amps_kafka("publish", topic, f'{{"id": 1, "m": "{marker}"}}',
+                              bootstrap=bootstrap)[0] == 0  # fmt: skip
+            try:
+                published = orjson.loads(subscriber.stdout.get(timeout=5.0))
+            except queue.Empty:
+                continue
+        assert published is not None and published["data"]["m"] == marker
+        code, stderr = subscriber.interrupt(signal.SIGINT)
+        assert code == 130
+        assert "Traceback" not in stderr and "Aborted" not in stderr
+    finally:
+        subscriber.kill()
+
+
+# -- the rest of the kind: every command, bad files and arguments --------------------------
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("Topics: [\n", "not valid YAML: expected the node content"),
+        ("Topics:\n  - Name: t\n    Partitions: many\n", "Topics[0].Partitions"),
+        (
+            "Topics:\n  - Name: t\n    MessageType: avro\n    Schema: absent.avsc\n"
+            "SOW:\n  - Topic: t\n    Key: /id\n",
+            "can't read Avro schema",
+        ),
+        ("SOW:\n  - Topic: t\n    Key: 7\n", "SOW[0].Key"),
+    ],
+    ids=["yaml-syntax", "wrong-type", "missing-avro-schema", "key-not-a-path"],
+)
+@pytest.mark.parametrize("command", ["worker", "topics create"])
+def test_a_bad_config_file_is_one_line_for_every_command_that_reads_one(
+    bootstrap, tmp_path, text, complaint, command
+):
+    config = write_config(tmp_path, text)
+    state = ["--state-dir", str(tmp_path / "s")] if command == "worker" else []
+    args = [*command.split(), "--config", config, *state]
+    code, _, stderr, _ = amps_kafka(*args, bootstrap=bootstrap)
+    assert code == 1
+    assert complaint in one_error_line(stderr)
+
+
+@pytest.mark.parametrize("command", ["worker", "topics create"])
+def test_a_missing_config_file_is_one_line(tmp_path, command):
+    code, _, stderr, _ = amps_kafka(*command.split(), "--config", str(tmp_path / "absent.yaml"))
+    assert code == 1
+    assert "absent.yaml: can't read the configuration" in one_error_line(stderr)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("replay", "no-such-topic-{u}"),
+        ("publish", "no-such-topic-{u}", '{"id": 1}'),
+        ("log", "info", "no-such-topic-{u}"),
+        ("log", "retention", "no-such-topic-{u}", "7d"),
+        ("bookmark", "resolve", "no-such-topic-{u}", "0"),
+    ],
+    ids=lambda args: args[0] + "-" + args[1],
+)
+def test_an_unknown_topic_is_one_line_for_every_command(bootstrap, args):
+    unique = uuid.uuid4().hex[:8]
+    args = [arg.replace("{u}", unique) for arg in args]
+    code, _, stderr, _ = amps_kafka(*args, bootstrap=bootstrap)
+    assert code == 1
+    assert f"'no-such-topic-{unique}' does not exist" in one_error_line(stderr)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "complaint"),
+    [
+        (("publish", "t", "{}", "--expiration", "soon"), 2, "Invalid value for '--expiration'"),
+        (("replay", "t", "--rate", "fast"), 1, "rate 'fast'"),
+        (("replay", "t", "--filter", "/x ="), 1, "at position 5"),
+        (("bookmark", "decode", "x|y|z"), 1, "malformed bookmark"),
+        (("topics", "create", "bad|name"), 1, "not a valid Kafka topic name"),
+        (("topics", "create"), 2, "give either NAME or --config FILE"),
+        (("log", "retention", "t", "soon"), 1, "not a duration"),
+        (("sow", "t", "--server", "nonsense"), 1, "unknown scheme"),
+        (("sow", "t", "--server", "tcp://127.0.0.1:{port}/amps/json"), 1, "can't connect"),
+        (("no-such-command",), 2, "No such command"),
+    ],
+    ids=lambda value: value[0] if isinstance(value, tuple) else None,
+)
+def test_bad_arguments_are_one_line_with_the_documented_exit_code(
+    bootstrap, args, code, complaint
+):
+    (port,) = free_ports(1)
+    args = [arg.replace("{port}", str(port)) for arg in args]
+    got, _, stderr, _ = amps_kafka(*args, bootstrap=bootstrap)
+    assert got == code and "Traceback" not in stderr
+    if code == 1:
+        assert complaint in one_error_line(stderr)
+    else:
+        assert complaint in stderr
+
+
+# -- a broker outage while the worker runs -------------------------------------------------
+def test_the_worker_logs_a_kafka_outage_once_and_the_recovery_once(tmp_path):
+    """It logged nothing of its own through an outage, while librdkafka printed a line per
+    reconnect attempt, and nothing when Kafka came back. Its own broker: this one stops."""
+    port, controller_port = free_ports(2)
+    broker = LocalBroker(tmp_path / "kafka", port=port, controller_port=controller_port)
+    address = broker.start()
+    running = None
+    try:
+        config = write_config(tmp_path, sow_yaml("orders"))
+        assert amps_kafka("topics", "create", "--config", config, bootstrap=address)[0] == 0
+        running = Running(
+            "worker", "--config", config, "--state-dir", str(tmp_path / "state"),
+            "--listen", "127.0.0.1:0", bootstrap=address,
+        )  # fmt: skip
+        running.wait_for("worker ready")
+        broker.stop()
+        running.wait_for(f"Kafka unreachable at {address} since ", timeout=60)
+        broker.start()
+        running.wait_for(f"Kafka reachable again at {address} after ", timeout=120)
+        code, stderr = running.interrupt(signal.SIGINT)
+    finally:
+        if running is not None:
+            running.kill()
+        broker.stop()
+    assert code == 130 and "Traceback" not in stderr
+    assert stderr.count("Kafka unreachable") == 1 and stderr.count("reachable again") == 1
+    assert "rdkafka" not in stderr  # librdkafka's own lines are DEBUG, not shown at INFO
