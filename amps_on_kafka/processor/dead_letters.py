@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 # How long Kafka may take to acknowledge one write of dead letters before the worker
 # gives up on it and tries again later (message.timeout.ms of the dead-letter producer).
 DELIVERY_TIMEOUT = 10.0
+# librdkafka's largest message.max.bytes. A letter is as large as the record it copies,
+# which its own topic may allow beyond the client's default of 1 MB: only the dead-letter
+# topic's max.message.bytes, which an operator can raise, may refuse it.
+MAX_LETTER_BYTES = 1_000_000_000
 
 
 class DeadLetterFailed(TransportError):
@@ -115,7 +119,12 @@ class DeadLetters:
 
     def _start(self) -> Producer:
         self._producer = log_producer(
-            self.bootstrap, **{"linger.ms": 0, "message.timeout.ms": int(DELIVERY_TIMEOUT * 1000)}
+            self.bootstrap,
+            **{
+                "linger.ms": 0,
+                "message.timeout.ms": int(DELIVERY_TIMEOUT * 1000),
+                "message.max.bytes": MAX_LETTER_BYTES,
+            },
         )
         return self._producer
 

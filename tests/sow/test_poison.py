@@ -282,3 +282,23 @@ def test_a_batch_check_finds_exactly_the_keys_partition_for_puts_elsewhere(keys,
     partition = data.draw(st.integers(min_value=0, max_value=count - 1))
     expected = [i for i, k in enumerate(keys) if partition_for(k, count) != partition]
     assert Placement(count).misplaced(keys, partition) == expected
+
+
+def test_a_refused_record_larger_than_a_client_default_is_dead_lettered_whole(
+    bootstrap, topic_factory, start_worker
+):
+    """The dead-letter producer takes any letter its topic takes: with librdkafka's
+    default message.max.bytes (1 MB) a larger refused record held its partition for good."""
+    topic = topic_factory(1, key=("/id",))
+    dead = topic_factory(1)
+    for name in (topic, dead):
+        set_max_message_bytes(bootstrap, name, 4_000_000)
+    big = b"{not json " + b"x" * 1_500_000
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 4_000_000})
+    producer.produce(topic, big, partition=0)
+    assert producer.flush(30) == 0
+    worker = start_worker(sow_config(topic, 1, DeadLetterTopic=dead))
+    wait_caught_up(worker, bootstrap, topic, 1)
+    assert worker.rejected == {"bad_record": 1} and worker.dead_letter_failures == 0
+    (letter,) = letters(bootstrap, dead)
+    assert letter.raw == big
