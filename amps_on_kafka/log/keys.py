@@ -36,9 +36,12 @@ def key_text(value: Any) -> str:
         return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int | float):
-        return orjson.dumps(value).decode()
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    try:
+        if isinstance(value, int | float):
+            return orjson.dumps(value).decode()
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError as exc:  # bytes from an Avro or binary field, an int beyond 64 bits
+        raise MessageError(f"a SOW key field can't hold {type(value).__name__}: {exc}") from exc
 
 
 class KeyExtractor:

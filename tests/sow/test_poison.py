@@ -26,7 +26,7 @@ from amps_on_kafka.cli import main
 from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config, SowConfig
 from amps_on_kafka.errors import ConfigError, MessageError
-from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.codecs import JSON, codec_for
 from amps_on_kafka.log.envelope import MAX_EXPIRATION
 from amps_on_kafka.log.kafka import admin_client, end_offsets, partitions_of
 from amps_on_kafka.log.keys import Placement, murmur2, partition_for
@@ -106,6 +106,19 @@ def test_a_deadline_past_64_bits_from_the_log_timestamp_is_refused_naming_the_he
     (result,) = out.results
     assert "'e'" in result.error and str(2**63 - 1000) in result.error  # type: ignore[operator]
     assert result.rejection == "bad_record"
+
+
+def test_a_key_field_no_key_text_can_hold_is_a_refusal_with_a_reason_not_an_apply_error():
+    """An Avro `bytes` field has no text form: key_text raised a bare TypeError, which the
+    rules only caught as an unexpected error."""
+    schema = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "bytes"}]}
+    codec = codec_for("avro", schema)
+    rules = SowRules(SowConfig.model_validate({"Topic": "t", "Key": "/id"}), codec)
+    message = LogMessage("t", 0, 3, 1000, codec.encode({"id": b"\x01"}), None, codec)
+    out = Applied()
+    rules.apply(DictState(), message, out)
+    (result,) = out.results
+    assert result.rejection == "bad_record" and "SOW key field" in result.error  # type: ignore[operator]
 
 
 def test_a_topic_default_expiration_is_bounded_by_the_same_maximum():
