@@ -20,6 +20,7 @@ import click
 from amps_on_kafka.cli.common import bootstrap_option, kafka, reports_errors
 from amps_on_kafka.config import Config, load_config
 from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.processor.startup import StateDirLock
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -151,13 +152,14 @@ def rebuild(topic, state_dir, config_file, master, bootstrap) -> None:
     from amps_on_kafka.spark.sow import job_from_config
 
     config = load_config(config_file)
-    servers = _servers(bootstrap, config)
-    job = job_from_config(config, topic)
-    point = plan_as_of(servers, topic, "0|1|")
-    check_unused(state_dir, topic, point.range.partitions)
-    with _session(master) as session:
-        rejected = session.sparkContext.accumulator(0)
-        stores = rebuild_stores(session, servers, job, point, state_dir, rejected)
+    with StateDirLock(state_dir):  # no worker starts on the stores while they are written
+        servers = _servers(bootstrap, config)
+        job = job_from_config(config, topic)
+        point = plan_as_of(servers, topic, "0|1|")
+        check_unused(state_dir, topic, point.range.partitions)
+        with _session(master) as session:
+            rejected = session.sparkContext.accumulator(0)
+            stores = rebuild_stores(session, servers, job, point, state_dir, rejected)
     _report_rejected(rejected.value)
     for store in stores:
         click.echo(

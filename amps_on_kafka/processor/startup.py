@@ -2,9 +2,10 @@
 deep in a thread, as a traceback or a timeout.
 
 - The configuration serves something (a SOW topic or a queue).
-- No other worker uses the state directory: an exclusive lock held for the worker's
-  life, so a second worker fails naming the directory and the holder's PID instead of
-  meeting RocksDB's own LOCK error when a partition moves to it.
+- No other worker (or `amps-kafka spark rebuild`) uses the state directory: an
+  exclusive lock held for the worker's life, so a second worker fails naming the
+  directory and the holder's PID instead of meeting RocksDB's own LOCK error when a
+  partition moves to it.
 - The SOW topics exist, and each queue's UnderlyingTopic matches a topic, checked
   against one metadata request: a queue over nothing is named with its pattern within
   seconds, not after the 60 s wait for readiness.
@@ -50,8 +51,13 @@ class StateDirLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        file = self.path.open("a+", encoding="ascii")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            file = self.path.open("a+", encoding="ascii")
+        except OSError as exc:
+            raise ConfigError(
+                f"can't use {self.path.parent} as a state directory: {exc.strerror}"
+            ) from exc
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -60,9 +66,9 @@ class StateDirLock:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
                 raise
             raise StateDirBusy(
-                f"state directory {self.path.parent} is in use by another worker"
-                f"{f' (PID {holder})' if holder else ''}: stop it, or give this one "
-                "another --state-dir"
+                f"state directory {self.path.parent} is in use by another worker or "
+                f"rebuild{f' (PID {holder})' if holder else ''}: stop it, or use another "
+                "--state-dir"
             ) from None
         file.truncate(0)
         file.write(f"{os.getpid()}\n")
@@ -73,6 +79,13 @@ class StateDirLock:
         if self._file is not None:
             self._file.close()  # closing the descriptor drops the lock
             self._file = None
+
+    def __enter__(self) -> StateDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _read_pid(file: IO[str]) -> str:

@@ -5,6 +5,7 @@ are what is under test."""
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
@@ -18,9 +19,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from confluent_kafka import TopicPartition
 
 from amps_on_kafka.broker import LocalBroker
 from amps_on_kafka.broker.testing import free_ports
+from amps_on_kafka.log.kafka import reader
+from amps_on_kafka.processor.startup import StateDirBusy, StateDirLock
 
 AMPS_KAFKA = str(Path(sys.executable).with_name("amps-kafka"))
 READY_TIMEOUT = 90.0  # a worker on a busy CI machine: recovering its stores, joining the group
@@ -208,6 +212,24 @@ def test_an_unreachable_broker_is_one_line_naming_it_within_5_s(tmp_path, comman
     assert seconds < 5.0
 
 
+def test_librdkafka_lines_go_to_python_logging_at_debug_not_to_stderr(capfd, caplog):
+    """librdkafka wrote a raw line to stderr per failed reconnect: hundreds before an
+    unreachable broker's one-line error."""
+    (port,) = free_ports(1)
+    caplog.set_level(logging.DEBUG, logger="amps_on_kafka.librdkafka")
+    consumer = reader(f"127.0.0.1:{port}")
+    try:
+        consumer.assign([TopicPartition("t", 0, 0)])
+        deadline = time.monotonic() + 30
+        while not caplog.records and time.monotonic() < deadline:
+            consumer.consume(1, timeout=0.2)  # serves the log queue
+    finally:
+        consumer.close()
+    refused = [r for r in caplog.records if "Connection refused" in r.getMessage()]
+    assert refused and all(r.levelno == logging.DEBUG for r in refused)
+    assert capfd.readouterr().err == ""
+
+
 # -- a second worker, and Ctrl-C ---------------------------------------------------------
 @pytest.fixture
 def worker(bootstrap, topic_factory, tmp_path) -> Iterator[tuple[Running, str, Path, str]]:
@@ -238,8 +260,62 @@ def test_a_second_worker_on_the_same_state_dir_is_one_line_naming_it_and_the_pid
     )  # fmt: skip
     assert code == 1
     line = one_error_line(stderr)
-    assert f"state directory {state} is in use by another worker (PID {first.process.pid})" in line
+    holder = f"(PID {first.process.pid})"
+    assert f"state directory {state} is in use by another worker or rebuild {holder}" in line
     assert first.process.poll() is None  # the first one goes on
+
+
+def test_spark_rebuild_refuses_a_state_dir_a_worker_holds(bootstrap, worker, tmp_path):
+    """It checked only the stores the worker had open: a partition assigned to the worker
+    during the rebuild met stores being replaced."""
+    first, topic, state, _ = worker
+    config = write_config(tmp_path, sow_yaml(topic))
+    code, _, stderr, _ = amps_kafka(
+        "spark", "rebuild", topic, "--state-dir", str(state), "--config", config,
+        bootstrap=bootstrap,
+    )  # fmt: skip
+    assert code == 1
+    assert f"is in use by another worker or rebuild (PID {first.process.pid})" in one_error_line(
+        stderr
+    )
+
+
+def test_a_killed_worker_leaves_no_stale_lock_on_its_state_dir(tmp_path):
+    """The kernel drops a flock with its process: SIGKILL must not leave the directory
+    locked for good, as a PID file would."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"  # type: ignore[union-attr]
+        with pytest.raises(StateDirBusy, match=f"PID {holder.pid}"):
+            StateDirLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    with StateDirLock(tmp_path):
+        assert (tmp_path / "worker.lock").read_text() == f"{os.getpid()}\n"
+
+
+HOLD_LOCK = """
+import sys, threading
+from pathlib import Path
+from amps_on_kafka.processor.startup import StateDirLock
+lock = StateDirLock(Path(sys.argv[1]))
+lock.acquire()
+print("locked", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_a_state_dir_that_is_a_file_is_one_line(bootstrap, tmp_path):
+    config = write_config(tmp_path, sow_yaml("t"))
+    (tmp_path / "state").write_text("not a directory")
+    code, _, stderr, _ = amps_kafka(
+        "worker", "--config", config, "--state-dir", str(tmp_path / "state"), bootstrap=bootstrap
+    )
+    assert code == 1
+    assert f"can't use {tmp_path / 'state'} as a state directory" in one_error_line(stderr)
 
 
 def test_ctrl_c_stops_the_worker_cleanly_with_exit_code_130(worker):
