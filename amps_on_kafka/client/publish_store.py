@@ -12,7 +12,9 @@ before the failure is then a duplicate that subscribers' bookmark stores drop.
   written (write(2), so in the kernel) before the publish is produced: it survives the
   publisher's process being killed. With `fsync=True` each entry is also fsynced before
   the publish goes out, which survives an OS crash at the price of a disk sync per
-  publish. Removals are written at each flush; the file is compacted on open.
+  publish. Removals are written at each flush; the file is compacted on open. Each
+  record carries its CRC-32: a damaged one anywhere but at the torn end of a kill makes
+  the store refuse the file (DamagedFile) unless opened with `salvage=True`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from typing import Any
 
 import orjson
 
-from amps_on_kafka.client.mapped_file import read_lines, replace_file
+from amps_on_kafka.client.mapped_file import (
+    DamagedFile,
+    keep_damaged,
+    offset_of,
+    read_lines,
+    replace_file,
+    seal,
+    unseal,
+)
 
 
 @dataclass(frozen=True)
@@ -134,43 +144,67 @@ class MemoryPublishStore(PublishStore):
     """Unacknowledged publishes in memory: republished after a reconnect."""
 
 
-HEADER = b"AMPS-KAFKA PUBLISHES 1"
+HEADER = b"AMPS-KAFKA PUBLISHES 2"  # records sealed with their CRC-32 (mapped_file.seal)
+HEADER_V1 = b"AMPS-KAFKA PUBLISHES 1"  # the same records without checksums: still read
+REMEDY = (
+    "open it with FilePublishStore(path, salvage=True) to keep every record that reads "
+    "(the damaged file is copied beside it as <name>.damaged; a damaged entry's publish "
+    "is not sent again, the publishes of a damaged removal are sent again and dropped by "
+    "subscribers as duplicates), or move the file away to start with no publish to resend"
+)
+_UNREADABLE = (ValueError, KeyError, TypeError, IndexError, orjson.JSONDecodeError)
 
 
 class FilePublishStore(PublishStore):
     """Unacknowledged publishes in a file: republished after the publisher restarts."""
 
-    def __init__(self, path: str | Path, *, fsync: bool = False) -> None:
+    def __init__(self, path: str | Path, *, fsync: bool = False, salvage: bool = False) -> None:
         super().__init__()
         self.path = Path(path)
         self.fsync = fsync
-        self._read(read_lines(self.path))
+        self._read(read_lines(self.path), salvage)
         replace_file(self.path, self._snapshot())
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
 
-    def _read(self, lines: list[bytes]) -> None:
-        if lines and lines[0] != HEADER:
+    def _read(self, lines: list[bytes], salvage: bool) -> None:
+        """Apply every record (read_lines has left out the tail a kill may tear). A
+        record that doesn't read is damage: DamagedFile, unless `salvage` (then it is
+        skipped and the rest applied: each record stands alone, so the worst a skipped
+        one does is lose its own publish or resend publishes already persisted)."""
+        if lines and lines[0] not in (HEADER, HEADER_V1):
             raise ValueError(f"{self.path} is not a FilePublishStore file")
-        for line in lines[1:]:
-            kind, _, rest = line.partition(b" ")
+        sealed = bool(lines) and lines[0] == HEADER
+        damaged = False
+        for index in range(1, len(lines)):
             try:
-                if kind == b"+":
-                    entry = StoredPublish.from_json(rest)
-                    self._entries[entry.sequence] = entry
-                elif kind == b"-":
-                    for sequence in rest.split():
-                        self._entries.pop(int(sequence), None)
-                elif kind == b"p":
-                    self.publisher_id = orjson.loads(rest)
-            except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
-                return  # a record torn by a crash: the rest was never written
+                self._apply(unseal(lines[index]) if sealed else lines[index])
+            except _UNREADABLE as exc:
+                if not salvage:
+                    problem = f"record {index + 1} ({lines[index][:60]!r}) doesn't read: {exc!r}"
+                    raise DamagedFile(self.path, offset_of(lines, index), problem, REMEDY) from exc
+                damaged = True
+        if damaged:
+            keep_damaged(self.path)
+
+    def _apply(self, record: bytes) -> None:
+        kind, _, rest = record.partition(b" ")
+        if kind == b"+":
+            entry = StoredPublish.from_json(rest)
+            self._entries[entry.sequence] = entry
+        elif kind == b"-":
+            for sequence in rest.split():
+                self._entries.pop(int(sequence), None)
+        elif kind == b"p":
+            self.publisher_id = orjson.loads(rest)
+        else:
+            raise ValueError(f"unknown record {kind!r}")
 
     def _snapshot(self) -> bytes:
-        lines = [HEADER + b"\n"]
+        records = []
         if self.publisher_id is not None:
-            lines.append(b"p " + orjson.dumps(self.publisher_id) + b"\n")
-        lines.extend(b"+ " + entry.to_json() + b"\n" for entry in self._entries.values())
-        return b"".join(lines)
+            records.append(b"p " + orjson.dumps(self.publisher_id))
+        records.extend(b"+ " + entry.to_json() for entry in self._entries.values())
+        return HEADER + b"\n" + b"".join(map(seal, records))
 
     def _write(self, record: bytes, sync: bool) -> None:
         os.write(self._fd, record)
@@ -178,13 +212,13 @@ class FilePublishStore(PublishStore):
             os.fsync(self._fd)
 
     def _claimed(self, publisher_id: str) -> None:
-        self._write(b"p " + orjson.dumps(publisher_id) + b"\n", True)
+        self._write(seal(b"p " + orjson.dumps(publisher_id)), True)
 
     def _stored(self, entry: StoredPublish) -> None:
-        self._write(b"+ " + entry.to_json() + b"\n", self.fsync)
+        self._write(seal(b"+ " + entry.to_json()), self.fsync)
 
     def _removed(self, sequences: Iterable[int]) -> None:
-        self._write(b"- " + b" ".join(b"%d" % s for s in sequences) + b"\n", self.fsync)
+        self._write(seal(b"- " + b" ".join(b"%d" % s for s in sequences)), self.fsync)
 
     def close(self) -> None:
         with self._lock:

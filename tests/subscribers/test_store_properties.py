@@ -18,13 +18,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from amps_on_kafka import EPOCH
 from amps_on_kafka.client import LoggedBookmarkStore, MemoryBookmarkStore, RingBookmarkStore
-from amps_on_kafka.client.mapped_file import DamagedFile
+from amps_on_kafka.client.mapped_file import DamagedFile, unseal
+from amps_on_kafka.client.publish_store import FilePublishStore, StoredPublish
 from amps_on_kafka.log.bookmarks import format_bookmark
 from tests.subscribers.conftest import record
 
@@ -251,3 +253,63 @@ def test_defect_9_damage_refuses_the_file_or_loses_no_intact_record_after_it(dat
         assert opened == whole
     else:
         assert opened in (whole, before)
+
+
+@st.composite
+def publish_files(draw: st.DrawFn) -> bytes:
+    """A FilePublishStore's file after random stores and acknowledgements, closed or not
+    (it is appended to with write(2): nothing follows the last record either way)."""
+    sequences = draw(st.lists(st.integers(1, 60), min_size=1, max_size=20, unique=True))
+    acked = draw(st.lists(st.sampled_from(sequences), max_size=4))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "publishes")
+        store = FilePublishStore(path)
+        store.claim("feed")
+        for number, sequence in enumerate(sequences):
+            store.store(StoredPublish(sequence, "publish", "orders", {"n": sequence}))
+            if number < len(acked):
+                store.discard_up_to(acked[number])
+        store.close()
+        return path.read_bytes()
+
+
+def unacknowledged(content: bytes, **options) -> tuple[str | None, list[int]]:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "publishes")
+        path.write_bytes(content)
+        with FilePublishStore(path, **options) as store:
+            return store.publisher_id, [e.sequence for e in store.unpersisted()]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_defect_9_a_damaged_publish_store_is_refused_or_loses_no_intact_entry(data):
+    """The publish store's file under the same damage: refused, or exactly what the
+    undamaged file held (a prefix of it when no complete record follows the damage).
+    Salvaged, it keeps every entry whose record is intact: a publish Kafka never
+    acknowledged is never dropped because a record before it was damaged."""
+    content = data.draw(publish_files())
+    header = content.index(b"\n") + 1
+    damage = data.draw(damages(len(content), header))
+    spoiled = damaged(content, damage)
+    whole = unacknowledged(content)
+    kind, at, _ = damage
+    start = line_start(content, at)
+    records_after = kind != "cut" and content.rfind(b"\n") >= at + (kind == "flip")
+    try:
+        opened = unacknowledged(spoiled)
+    except DamagedFile:
+        hit = entries_in(content, at, at + (kind == "flip"))
+        assert set(whole[1]) - hit <= set(unacknowledged(spoiled, salvage=True)[1])
+        return
+    assert opened == whole or (not records_after and opened == unacknowledged(content[:start]))
+
+
+def entries_in(content: bytes, low: int, high: int) -> set[int]:
+    """The sequences of the entries whose lines (newline included) touch bytes low..high."""
+    hit, start = set(), content.index(b"\n") + 1
+    for line in content[start:].split(b"\n")[:-1]:
+        if start <= high and start + len(line) >= low and line.startswith(b"+ "):
+            hit.add(orjson.loads(unseal(line)[2:])["s"])
+        start += len(line) + 1
+    return hit
