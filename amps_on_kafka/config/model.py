@@ -89,6 +89,9 @@ class SowConfig(_Strict):
     dead_letter_topic: str | None = Field(None, alias="DeadLetterTopic")
     # Without it a DeadLetterTopic missing from Kafka stops the worker at startup.
     create_dead_letter_topic: bool = Field(False, alias="CreateDeadLetterTopic")
+    # The topic's records are unkeyed or keyed by something else: the worker re-keys them
+    # by SOW key into _amps_repartition.<Topic> and keeps the SOW from that (docs/operations.md).
+    repartition: bool = Field(False, alias="Repartition")
 
     @field_validator("key", mode="before")
     @classmethod

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from amps_on_kafka.errors import MessageError, PublishError
 from amps_on_kafka.log.codecs import encode_payload
@@ -24,6 +24,7 @@ from amps_on_kafka.log.envelope import Command, Envelope, check_expiration, comm
 from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER, log_producer, partitions_of
 from amps_on_kafka.log.keys import partition_for
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
+from amps_on_kafka.log.topics import H_TARGET_PARTITION, repartition_topic
 
 POLL_EVERY = 500  # serve delivery callbacks every so many produces, not on each
 # Kafka's partition count of a topic is read again after this long, as often as the
@@ -56,10 +57,16 @@ class LogPublisher:
         on_failed_write: Callable[[FailedWrite], None] | None = None,
         producer_config: dict[str, Any] | None = None,
         report_successes: bool = True,
+        producer: Producer | None = None,
     ) -> None:
         """With report_successes False, Kafka reports only failures: a publisher that needs
         no per-message persisted callback (the client; publish_flush is its persisted ack)
         saves a Python call per message.
+
+        A `producer` given is shared (the gateway's one per worker: a producer per
+        connection cost 3 threads and up to 1 GiB of buffer each): this publisher only
+        stamps its id and sequences on what it writes, and close() leaves the producer to
+        its owner, who serves its delivery reports.
         """
         self.publisher_id = publisher_id
         self.registry = registry or TopicRegistry(bootstrap)
@@ -75,7 +82,8 @@ class LogPublisher:
         self._lock = threading.Lock()
         self.report_successes = report_successes
         config = {"delivery.report.only.error": not report_successes, **(producer_config or {})}
-        self._producer = log_producer(bootstrap, **config)
+        self._shared = producer is not None
+        self._producer = producer if producer is not None else log_producer(bootstrap, **config)
         self._closed = False
 
     def spec(self, topic: str) -> TopicSpec:
@@ -165,8 +173,9 @@ class LogPublisher:
                     Envelope(filter=filter, sequence=next(numbers), **common),
                     on_persisted,
                     partition,
+                    extra,
                 )
-                for partition in range(self.partition_count(spec.name))
+                for partition, extra in self._fan_out(spec)
             ]
         if keys is not None:
             return [
@@ -201,10 +210,12 @@ class LogPublisher:
         envelope: Envelope,
         on_persisted: Persisted | None,
         partition: int | None = None,
+        extra: list[tuple[str, bytes]] | None = None,
     ) -> int:
         stamped = replace(envelope, command=Command.SOW_DELETE, publisher_id=self.publisher_id)
         sequence: int = stamped.sequence  # type: ignore[assignment]
-        self._produce(topic, key, value, stamped.to_headers(), sequence, on_persisted, partition)
+        headers = stamped.to_headers() + (extra or [])
+        self._produce(topic, key, value, headers, sequence, on_persisted, partition)
         return sequence
 
     def partition_count(self, topic: str) -> int:
@@ -217,6 +228,17 @@ class LogPublisher:
             cached = self._counts[topic] = (count, now + PARTITION_COUNT_TTL)
         return cached[0]
 
+    def _fan_out(self, spec: TopicSpec) -> list[tuple[int | None, list[tuple[str, bytes]]]]:
+        """(partition, extra headers) of each record of a delete by filter: one per
+        partition that holds state. That is every partition Kafka has now, or, on a
+        repartitioned topic, every partition of its internal topic: each record names
+        its own (header `rp`) for the repartitioner, so the gateway's processed ack
+        still counts one result per record written."""
+        if not spec.repartition:
+            return [(p, []) for p in range(self.partition_count(spec.name))]
+        count = self.partition_count(repartition_topic(spec.name))
+        return [(None, [(H_TARGET_PARTITION, str(p).encode())]) for p in range(count)]
+
     def _partition(self, spec: TopicSpec, key: str | None) -> int | None:
         """The partition of a keyed record, by the topic's partitioner (keys.partition_for);
         None lets the producer place it: an unkeyed record anywhere, and a murmur2 key by
@@ -227,7 +249,7 @@ class LogPublisher:
         created with is refused: its key would land in another partition than the key's
         earlier records, and the SOW would hold the key twice.
         """
-        if key is None:
+        if key is None or spec.repartition:  # the worker's repartitioner places it
             return None
         count = self.partition_count(spec.name)
         if count != spec.partitions:
@@ -331,6 +353,9 @@ class LogPublisher:
         garbage collector frees it (an idle producer keeps reconnecting to a broker that
         went away). A publisher whose flush fails stays open, so nothing is dropped."""
         if self._closed:
+            return
+        if self._shared:
+            self._closed = True
             return
         self.flush(timeout)
         self._closed = True

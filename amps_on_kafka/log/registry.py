@@ -46,6 +46,7 @@ class TopicSpec:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     publish_target: str | None = None  # a queue's name: its publishes go to this topic
     partitioner: str = "murmur2"  # how the topic's producers place keys (keys.partition_for)
+    repartition: bool = False  # the worker re-keys the records (processor/repartition.py)
 
     @cached_property
     def codec(self) -> Codec:
@@ -66,6 +67,7 @@ class TopicSpec:
                 "key_from_publish": self.key_from_publish,
                 "publish_target": self.publish_target,
                 "partitioner": self.partitioner,
+                "repartition": self.repartition,
             }
         )
 
@@ -81,6 +83,7 @@ class TopicSpec:
             key_from_publish=bool(doc.get("key_from_publish", False)),
             publish_target=doc.get("publish_target"),
             partitioner=doc.get("partitioner", "murmur2"),
+            repartition=bool(doc.get("repartition", False)),
         )
 
     def describe(self) -> str:
@@ -94,6 +97,8 @@ class TopicSpec:
         ]
         if self.key_from_publish:
             parts.append("key from publish")
+        if self.repartition:
+            parts.append("repartitioned")
         if self.publish_target:
             parts.append(f"publishes to {self.publish_target}")
         if self.schema is not None:

@@ -19,6 +19,9 @@ from amps_on_kafka.log.kafka import METADATA_TIMEOUT
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 
 LOG_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
+REPARTITION_PREFIX = "_amps_repartition."
+# On a delete by filter of a repartitioned topic: the internal partition it is meant for.
+H_TARGET_PARTITION = "rp"
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ def spec_from_config(config: Config, topic: TopicConfig) -> TopicSpec:
         key=sow.key if sow else None,
         key_from_publish=sow.key_from_publish if sow else False,
         partitioner=topic.partitioner,
+        repartition=sow.repartition if sow else False,
     )
 
 
@@ -85,8 +89,15 @@ def create_log_topics(
     ]
     if conflicts:
         raise ConfigError("\n".join(conflicts))
-    missing = [(spec, rf, retention) for spec, rf, retention in specs if spec.name not in counts]
-    created = _create(admin, missing)
+    created = create_topics(
+        admin,
+        [
+            NewTopic(spec.name, spec.partitions, rf, config=_topic_config(retention))
+            for spec, rf, retention in specs
+            if spec.name not in counts
+        ],
+    )
+    create_topics(admin, [new_repartition_topic(*entry) for entry in specs if entry[0].repartition])
     results = []
     for spec, _, _ in specs:
         is_new = created.get(spec.name, False)
@@ -134,15 +145,28 @@ def _conflict(spec: TopicSpec, count: int | None, entry: TopicSpec | None) -> st
     return None
 
 
-def _create(admin: AdminClient, specs: list[tuple[TopicSpec, int, float | None]]) -> dict:
-    """Create the topics; for each, True, or False if it appeared meanwhile."""
-    if not specs:
+def create_topics(admin: AdminClient, topics: list[NewTopic]) -> dict[str, bool]:
+    """Create the topics; for each, True, or False if it existed already."""
+    if not topics:
         return {}
-    futures = admin.create_topics(
-        [NewTopic(s.name, s.partitions, rf, config=_topic_config(r)) for s, rf, r in specs],
-        operation_timeout=METADATA_TIMEOUT,
-    )
-    return {spec.name: _created(futures[spec.name], spec.name) for spec, _, _ in specs}
+    futures = admin.create_topics(topics, operation_timeout=METADATA_TIMEOUT)
+    return {t.topic: _created(futures[t.topic], t.topic) for t in topics}
+
+
+def repartition_topic(topic: str) -> str:
+    """The internal topic that holds a repartitioned topic's records keyed by SOW key
+    (processor/repartition.py)."""
+    return REPARTITION_PREFIX + topic
+
+
+def new_repartition_topic(spec: TopicSpec, replication: int, retention: float | None) -> NewTopic:
+    """The internal topic of a repartitioned `spec`: as many partitions, the source's
+    retention (the SOW is rebuilt from it), and CreateTime: each copy keeps the source
+    record's LogAppendTime, so expirations are computed from when it was published."""
+    config = {"message.timestamp.type": "CreateTime"}
+    if retention is not None:
+        config["retention.ms"] = str(int(retention * 1000))
+    return NewTopic(repartition_topic(spec.name), spec.partitions, replication, config=config)
 
 
 def create_from_config(

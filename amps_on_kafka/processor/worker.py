@@ -52,6 +52,7 @@ from amps_on_kafka.processor.dead_letters import (
 )
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
+from amps_on_kafka.processor.repartition import Repartitioner, consumed_topic
 from amps_on_kafka.processor.startup import StateDirLock, check_serves_something, check_topics
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
 from amps_on_kafka.state.record import NEVER, pack_record
@@ -92,6 +93,14 @@ class Worker:
             for sow in config.sow
         }
         self.engine = SowEngine(config, self.rules, clock)
+        # The topic read for each SOW topic: a Repartition SOW is kept from its internal
+        # topic, which a Repartitioner fills (processor/repartition.py).
+        self._logical = {consumed_topic(sow): sow.topic for sow in config.sow}
+        self.repartitioners = [
+            Repartitioner(config, sow, bootstrap, self.group_id, self.state_dir)
+            for sow in config.sow
+            if sow.repartition
+        ]
         self.queues = (
             QueueEngine(config, bootstrap, self.state_dir, clock=clock) if config.queues else None
         )
@@ -124,6 +133,8 @@ class Worker:
             check_topics(self.bootstrap, self.config)
             if self.rules:
                 ensure_dead_letter_topics(self.bootstrap, self.config)
+            for repartitioner in self.repartitioners:
+                repartitioner.start()
         except BaseException:
             self._lock.release()
             raise
@@ -181,6 +192,8 @@ class Worker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        for repartitioner in self.repartitioners:
+            repartitioner.stop(timeout)
         self.outage.close()
         self._lock.release()
 
@@ -205,7 +218,7 @@ class Worker:
         consumer = self._group_consumer = self._consumer()
         try:
             consumer.subscribe(
-                list(self.rules),
+                list(self._logical),
                 on_assign=self._on_assign,
                 on_revoke=self._on_revoke,
                 on_lost=self._on_revoke,
@@ -235,6 +248,7 @@ class Worker:
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
                 "fetch.wait.max.ms": 50,
+                "isolation.level": "read_committed",  # a repartitioner's aborted writes
                 **CONSUMER_TUNING,
             }
         )
@@ -244,7 +258,7 @@ class Worker:
         for topic in {tp.topic for tp in partitions}:
             self._place(consumer, topic)
         for tp in partitions:
-            store = self._open(tp.topic, tp.partition)
+            store = self._open(self._logical[tp.topic], tp.partition)
             stored = store.next_offset()
             tp.offset = stored if stored is not None else OFFSET_BEGINNING
             log.info(
@@ -261,13 +275,18 @@ class Worker:
         topic given more partitions is rebalanced, which brings the worker back here)."""
         count = len(partitions_of(consumer, topic))
         declared = self.config.topic(topic)  # its Partitioner: how its producers place keys
-        partitioner = declared.partitioner if declared else "murmur2"
-        self.rules[topic].placement = Placement(count, partitioner)
+        partitioner = declared.partitioner if declared else "murmur2"  # a repartitioner's
+        self.rules[self._logical[topic]].placement = Placement(count, partitioner)
+
+    def _consumed(self, topic: str) -> str:
+        """The Kafka topic a SOW topic's stores are kept from (its own, or its internal
+        repartition topic): where their offsets point."""
+        return consumed_topic(self.config.sow_for(topic))  # type: ignore[arg-type]
 
     def _open(self, topic: str, partition: int) -> PartitionStore:
         rules = self.rules[topic]
         store = PartitionStore(
-            store_path(self.state_dir, topic, partition),
+            store_path(self.state_dir, self._consumed(topic), partition),
             topic,
             partition,
             rules.codec,
@@ -294,7 +313,7 @@ class Worker:
     def _log_end(self, store: PartitionStore, at_least: int) -> int:
         """Where the partition's log ends now (never before the store's offset or the
         last recorded boundary, so the boundaries only rise)."""
-        tp = TopicPartition(store.topic, store.partition)
+        tp = TopicPartition(self._consumed(store.topic), store.partition)
         try:
             _, end = self._group_consumer.get_watermark_offsets(  # type: ignore[union-attr]
                 tp, timeout=METADATA_TIMEOUT, cached=False
@@ -309,7 +328,7 @@ class Worker:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self._held.pop((tp.topic, tp.partition), None)
-            store = self.engine.detach(tp.topic, tp.partition)
+            store = self.engine.detach(self._logical[tp.topic], tp.partition)
             if store is not None:
                 store.close()
                 log.info("revoked %s|%s", tp.topic, tp.partition)
@@ -323,11 +342,11 @@ class Worker:
                 continue
             by_partition[(record.topic(), record.partition())].append(record)
         for (topic, partition), batch in by_partition.items():
-            store = self.engine.store(topic, partition)
+            store = self.engine.store(self._logical[topic], partition)
             if store is None:
                 continue
             try:
-                self._apply_batch(store, self.rules[topic], batch)
+                self._apply_batch(store, self.rules[store.topic], batch)
             except DeadLetterFailed as exc:
                 self._hold(topic, partition, batch[0].offset(), exc)
                 continue

@@ -45,6 +45,7 @@ def test_every_partitioner_is_checked_against_librdkafka_and_can_be_configured()
         .map(tuple),
         key_from_publish=st.booleans(),
         partitioner=st.sampled_from(PARTITIONERS),
+        repartition=st.booleans(),
     )
 )
 def test_a_registry_entry_reads_back_as_the_spec_written(spec):

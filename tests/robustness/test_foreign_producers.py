@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+import time
 import uuid
 from collections import defaultdict
 
@@ -20,7 +22,11 @@ import pytest
 from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config
 from amps_on_kafka.log.keys import partition_for
+from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.log.topics import repartition_topic
+from amps_on_kafka.processor.repartition import H_SOURCE_BOOKMARK
 from amps_on_kafka.processor.worker import Worker
+from tests.conftest import delete_topics
 from tests.log.conftest import records_of
 from tests.sow.conftest import wait_caught_up
 from tests.sow.test_worker import sow_of
@@ -62,11 +68,13 @@ def sow_config(topic: str, partitioner: str) -> Config:
 
 @pytest.fixture
 def run_worker(bootstrap, tmp_path):
-    """run_worker(config) -> a ready Worker, stopped at the end of the test."""
+    """run_worker(config) -> a ready Worker, stopped at the end of the test. Each one is
+    in the test's consumer group, with the test's state directory: a restart."""
     started: list[Worker] = []
+    group = uuid.uuid4().hex
 
     def start(config: Config) -> Worker:
-        worker = Worker(config, bootstrap, tmp_path / "state", group_id=uuid.uuid4().hex)
+        worker = Worker(config, bootstrap, tmp_path / "state", group_id=group)
         worker.start()
         started.append(worker)
         worker.wait_ready(60)
@@ -125,3 +133,67 @@ def test_a_topic_that_does_not_declare_kcats_partitioner_refuses_its_misplaced_r
     assert worker.rejected == {"misplaced_key": len(misplaced)}
     held = [r.sow_key for r in worker.engine.query(topic, None).records]
     assert sorted(held) == sorted(set(held))
+
+
+def wait_for_sow(worker: Worker, topic: str, expected: dict, timeout: float = 60.0) -> None:
+    """Until the worker's SOW is `expected`, checked after each batch it applies. (Its
+    offsets can't tell: a transaction's commit marker takes an offset no record has.)"""
+    applied = threading.Event()
+    worker.engine.add_listener(lambda _: applied.set())
+    deadline = time.monotonic() + timeout
+    while (found := sow_of(worker, topic)) != expected:
+        worker.raise_if_failed()
+        assert time.monotonic() < deadline, f"SOW after {timeout}s: {found}"
+        applied.wait(0.5)
+        applied.clear()
+
+
+def repartitioned_config(topic: str) -> Config:
+    return Config.model_validate(
+        {
+            "Topics": [{"Name": topic, "Partitions": PARTITIONS}],
+            "SOW": [{"Topic": topic, "Key": "/id", "Repartition": True}],
+        }
+    )
+
+
+@pytest.fixture
+def unkeyed_topic(bootstrap, topic_factory):
+    """A SOW topic whose producers don't key by SOW key, and its repartition topic."""
+    topic = topic_factory(PARTITIONS, key=("/id",), repartition=True)
+    yield topic
+    delete_topics(bootstrap, [repartition_topic(topic)])
+
+
+def test_unkeyed_records_are_repartitioned_by_sow_key_exactly_once(
+    bootstrap, unkeyed_topic, run_worker, tmp_path
+):
+    """Repartition: kcat writes each id unkeyed (anywhere) or keyed by something else;
+    the SOW, kept from _amps_repartition.<topic>, holds every id once, and a restarted
+    worker neither loses nor copies again a record."""
+    topic = unkeyed_topic
+    first = [(None, {"id": i, "v": 1}) for i in IDS] + [("x", {"id": 99, "v": 1})]
+    kcat_produce(bootstrap, topic, first)
+    worker = run_worker(repartitioned_config(topic))
+    (repartitioner,) = worker.repartitioners
+    repartitioner.wait_forwarded(len(first))
+    wait_for_sow(worker, topic, {str(i): {"id": i, "v": 1} for i in [*IDS, 99]})
+    worker.stop()
+
+    kcat_produce(bootstrap, topic, [(None, {"id": i, "v": 2}) for i in IDS if i > 3])
+    publisher = LogPublisher(bootstrap, "deleter")
+    publisher.sow_delete(topic, keys=["2", "3"])
+    publisher.sow_delete(topic, filter="/id = 1")
+    publisher.close(30)
+    again = run_worker(repartitioned_config(topic))
+    again.repartitioners[0].wait_forwarded(len(IDS) - 4 + 2 + PARTITIONS)
+    expected = {str(i): {"id": i, "v": 2} for i in IDS if i > 3}
+    expected.update({"0": {"id": 0, "v": 1}, "99": {"id": 99, "v": 1}})
+    wait_for_sow(again, topic, expected)
+
+    copies = records_of(bootstrap, repartition_topic(topic))
+    sources = [dict(r.headers())[H_SOURCE_BOOKMARK].decode() for r in copies]
+    assert len(sources) == len(set(sources)) == len(records_of(bootstrap, topic))
+    for record in copies:
+        if record.key() is not None:
+            assert record.partition() == partition_for(record.key(), PARTITIONS)

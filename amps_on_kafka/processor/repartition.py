@@ -1,0 +1,301 @@
+"""Repartitioning: a SOW over a topic whose records are not placed by SOW key.
+
+A SOW holds each key in the store of one partition, so every record of a key must be in
+that partition. Producers that key records by something else, or not at all, break that
+(defect 14). For such a topic (`Repartition: true` on its SOW) the worker runs a
+Repartitioner, Kafka Streams' answer: it reads the source topic and writes each record
+again to the internal topic `_amps_repartition.<topic>`, keyed by its SOW key and placed
+by murmur2; the worker keeps the SOW from that topic instead of the source.
+
+Exactly once: each batch is written in one Kafka transaction together with the source
+offsets it consumed (send_offsets_to_transaction), and the worker reads the internal
+topic read_committed. A crash aborts the open transaction (the restarted instance's
+init_transactions fences it), so the batch is read and written again once: nothing is
+lost, nothing doubled.
+
+A copy keeps the record's value, headers and timestamp (the internal topic uses
+CreateTime, so an expiration is computed from the source's LogAppendTime) and adds the
+record's source bookmark in header `sb`. What can't be routed (a record whose envelope
+or payload doesn't decode, or has no key) goes to partition 0 as it is: the worker
+refuses it there with its reason, and dead-letters it, as it would have in the source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from amps_on_kafka.config import Config, SowConfig
+from amps_on_kafka.errors import AmpsError, TransportError
+from amps_on_kafka.log.bookmarks import format_bookmark
+from amps_on_kafka.log.envelope import H_SOW_KEYS, Command
+from amps_on_kafka.log.kafka import (
+    CONSUMER_TUNING,
+    METADATA_TIMEOUT,
+    client_config,
+    consume_available,
+    partitions_of,
+)
+from amps_on_kafka.log.keys import partition_for
+from amps_on_kafka.log.message import LogMessage
+from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.log.topics import (
+    H_TARGET_PARTITION,
+    REPARTITION_PREFIX,
+    create_topics,
+    new_repartition_topic,
+    repartition_topic,
+    spec_from_config,
+)
+from amps_on_kafka.state.sow import SowRules
+
+log = logging.getLogger(__name__)
+
+H_SOURCE_BOOKMARK = "sb"
+BATCH_SIZE = 5000  # records per transaction: bounds what a crash makes the next one redo
+RETRY_WAIT = 1.0  # seconds after a failed transaction before the batch is read again
+TRANSACTION_TIMEOUT = 30.0  # seconds: init, offsets and commit of one transaction
+
+
+def logical_topic(name: str) -> str:
+    """The SOW topic a consumed topic stands for: itself, or the source of an internal one."""
+    prefix = REPARTITION_PREFIX
+    return name[len(prefix) :] if name.startswith(prefix) else name
+
+
+def repartitioned(config: Config) -> list[SowConfig]:
+    return [sow for sow in config.sow if sow.repartition]
+
+
+def consumed_topic(sow: SowConfig) -> str:
+    """The topic a worker reads for this SOW."""
+    return repartition_topic(sow.topic) if sow.repartition else sow.topic
+
+
+def ensure_repartition_topic(admin: AdminClient, spec: TopicSpec) -> None:
+    """Create the internal topic if it is missing (a worker started before `topics
+    create` made it), with as many partitions as the source has now."""
+    count = len(partitions_of(admin, spec.name))
+    create_topics(admin, [new_repartition_topic(TopicSpec(spec.name, count), 1, None)])
+
+
+class Repartitioner:
+    """Copies one source topic into its internal topic, keyed by SOW key, exactly once."""
+
+    def __init__(
+        self, config: Config, sow: SowConfig, bootstrap: str, group_id: str, state_dir: Path
+    ) -> None:
+        topic = config.topic(sow.topic)
+        self.spec = spec_from_config(config, topic)  # type: ignore[arg-type]
+        self.rules = SowRules(sow, self.spec.codec)  # placement None: keys only, no check
+        self.bootstrap = bootstrap
+        self.source = sow.topic
+        self.target = repartition_topic(sow.topic)
+        self.group_id = f"{group_id}.repartition"
+        # Stable per worker (its state directory): a restarted worker's init_transactions
+        # aborts what its crashed predecessor left open instead of waiting for a timeout.
+        place = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:12]
+        self.transactional_id = f"amps-repartition.{self.group_id}.{self.source}.{place}"
+        self.forwarded = 0  # source records copied (committed) since start
+        self._progress = threading.Condition()
+        self.failures = 0  # transactions aborted and retried since start
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._count = 0  # partitions of the internal topic
+        # After a failed transaction the consumer must go back to the committed offsets
+        # before it reads on: committing positions past records never written loses them.
+        self._rewind_due = False
+
+    def start(self) -> None:
+        ensure_repartition_topic(AdminClient(client_config(self.bootstrap)), self.spec)
+        self._thread = threading.Thread(
+            target=self._run, name=f"amps-repartition-{self.source}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- the loop -------------------------------------------------------------------
+    def _run(self) -> None:
+        """Never ends on an error: a failed transaction is aborted, the consumer goes back
+        to the committed offsets, and the batch is read again after RETRY_WAIT."""
+        consumer = self._consumer()
+        producer: Producer | None = None
+        try:
+            consumer.subscribe([self.source])
+            while not self._stop.is_set():
+                try:
+                    if self._rewind_due:
+                        self._rewind(consumer)
+                    producer = producer or self._producer()
+                    records = consume_available(consumer, BATCH_SIZE, 0.1)
+                    records = [r for r in records if r.error() is None]
+                    if records:
+                        self._forward(consumer, producer, records)
+                except (KafkaException, AmpsError) as exc:
+                    producer = self._recover(consumer, producer, exc)
+        finally:
+            consumer.close()
+            if producer is not None:
+                producer.close()
+
+    def _forward(self, consumer: Consumer, producer: Producer, records: list[Message]) -> None:
+        producer.begin_transaction()
+        self._count = self._count or len(partitions_of(consumer, self.target))
+        for record in records:
+            for partition, key, headers in self._copies(record):
+                self._produce(producer, record, partition, key, headers)
+        positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
+        producer.send_offsets_to_transaction(
+            positions, consumer.consumer_group_metadata(), TRANSACTION_TIMEOUT
+        )
+        producer.commit_transaction(TRANSACTION_TIMEOUT)
+        with self._progress:
+            self.forwarded += len(records)
+            self._progress.notify_all()
+
+    def wait_forwarded(self, count: int, timeout: float = 60.0) -> None:
+        """Block until `count` source records have been copied since start."""
+        with self._progress:
+            if not self._progress.wait_for(lambda: self.forwarded >= count, timeout):
+                raise TransportError(
+                    f"repartitioner of {self.source!r} copied {self.forwarded} of {count} "
+                    f"records in {timeout}s"
+                )
+
+    def _produce(
+        self, producer: Producer, record: Message, partition: int, key: bytes | None, headers
+    ) -> None:
+        while True:
+            try:
+                producer.produce(
+                    self.target,
+                    record.value(),
+                    key,
+                    partition=partition,
+                    headers=headers,
+                    timestamp=record.timestamp()[1],
+                )
+                return
+            except BufferError:
+                producer.poll(0.05)  # the local queue is full: let deliveries drain
+
+    def _recover(
+        self, consumer: Consumer, producer: Producer | None, exc: Exception
+    ) -> Producer | None:
+        """Abort the open transaction and rewind to the committed offsets. A producer that
+        can't abort (fenced, fatal) is dropped; the next one's init_transactions fences
+        it for good."""
+        self.failures += 1
+        log.warning("repartition %s -> %s failed, retrying: %s", self.source, self.target, exc)
+        if producer is not None:
+            try:
+                producer.abort_transaction(TRANSACTION_TIMEOUT)
+            except KafkaException:
+                producer = None
+        self._rewind_due = True
+        self._stop.wait(RETRY_WAIT)
+        return producer
+
+    def _rewind(self, consumer: Consumer) -> None:
+        assigned = consumer.assignment()
+        if assigned:
+            for tp in consumer.committed(assigned, timeout=METADATA_TIMEOUT):
+                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING  # none committed
+                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        self._rewind_due = False
+
+    # -- routing ----------------------------------------------------------------------
+    def _copies(self, record: Message) -> Iterator[tuple[int, bytes | None, list]]:
+        """(partition, key, headers) of each copy of a source record."""
+        source = format_bookmark(record.topic(), record.partition(), record.offset())
+        headers = [*(record.headers() or []), (H_SOURCE_BOOKMARK, source.encode())]
+        message = LogMessage(
+            record.topic(), record.partition(), record.offset(), record.timestamp()[1],
+            record.value(), record.headers(), self.rules.codec,
+        )
+        try:
+            envelope = message.envelope
+            if envelope.command is Command.SOW_DELETE and envelope.filter is not None:
+                for partition in self._targets(headers):
+                    yield partition, None, headers
+                return
+            if envelope.command is Command.SOW_DELETE and envelope.sow_keys is not None:
+                yield from self._per_key(envelope.sow_keys, headers)
+                return
+            key = self.rules.key_of(message, envelope).encode()
+        except AmpsError:
+            yield 0, record.key(), headers  # the worker refuses it there, with its reason
+            return
+        yield partition_for(key, self._count), key, headers
+
+    def _targets(self, headers: list) -> range:
+        """The partitions a delete by filter goes to: the one our publisher named (it
+        writes one record per internal partition), else every one."""
+        named = dict(headers).get(H_TARGET_PARTITION)
+        try:
+            partition = int(named)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            partition = -1
+        if 0 <= partition < self._count:
+            return range(partition, partition + 1)
+        return range(self._count)
+
+    def _per_key(self, keys: tuple[str, ...], headers: list) -> Iterator[tuple[int, bytes, list]]:
+        """A delete by keys becomes one delete per key, each where its key lives (the
+        worker refuses a delete naming a key of another partition)."""
+        others = [(n, v) for n, v in headers if n != H_SOW_KEYS]
+        for key in dict.fromkeys(keys):
+            raw = key.encode()
+            yield partition_for(raw, self._count), raw, [*others, (H_SOW_KEYS, orjson.dumps([key]))]
+
+    # -- clients ----------------------------------------------------------------------
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            client_config(
+                self.bootstrap,
+                **{
+                    "group.id": self.group_id,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed",
+                    "partition.assignment.strategy": "cooperative-sticky",
+                    "fetch.wait.max.ms": 50,
+                    **CONSUMER_TUNING,
+                },
+            )
+        )
+
+    def _producer(self) -> Producer:
+        producer = Producer(
+            client_config(
+                self.bootstrap,
+                **{
+                    "transactional.id": self.transactional_id,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 5,
+                    "compression.type": "lz4",
+                    "transaction.timeout.ms": int(TRANSACTION_TIMEOUT * 1000),
+                },
+            )
+        )
+        producer.init_transactions(TRANSACTION_TIMEOUT)
+        return producer
