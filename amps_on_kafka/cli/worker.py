@@ -99,8 +99,7 @@ def _serve(processor: Worker, servers: str, listen: str, stopping: threading.Eve
     try:
         processor.start()
         processor.wait_ready()
-        max_frame_bytes = processor.config.gateway.max_frame_bytes
-        gateway = _start_gateway(processor, servers, listen, max_frame_bytes)
+        gateway = _start_gateway(processor, servers, listen)
         click.echo(
             f"worker ready: gateway tcp://{gateway.address}/amps/json, "
             f"state in {processor.state_dir}",
@@ -117,14 +116,14 @@ def _serve(processor: Worker, servers: str, listen: str, stopping: threading.Eve
         processor.stop()
 
 
-def _start_gateway(processor: Worker, servers: str, listen: str, max_frame_bytes: int):
+def _start_gateway(processor: Worker, servers: str, listen: str):
     from amps_on_kafka.server import Gateway
 
     gateway = Gateway(
         processor.engine,
         servers,
         listen=listen,
-        max_frame_bytes=max_frame_bytes,
+        settings=processor.config.gateway,
         queues=processor.queues,
     )
     gateway.address = gateway.start()

@@ -125,8 +125,21 @@ def check_listen(address: str) -> str:
 
 
 class GatewayConfig(_Strict):
+    """The gateway's bounds (docs/operations.md, The gateway's bounds): every connection,
+    command, reply and publish it holds is capped, so no client and no Kafka outage can
+    grow the worker's memory without limit."""
+
     listen: str = Field("127.0.0.1:9007", alias="Listen")
     max_frame_bytes: int = Field(4 * 1024 * 1024, alias="MaxFrameBytes", ge=1024)
+    max_connections: int = Field(1000, alias="MaxConnections", ge=1)
+    read_timeout: Seconds = Field(30.0, alias="ReadTimeout", gt=0)
+    max_queued_bytes: int = Field(64 * 1024 * 1024, alias="MaxQueuedBytes", ge=64 * 1024)
+    max_commands_in_flight: int = Field(16, alias="MaxCommandsInFlight", ge=1)
+    max_publish_bytes_in_flight: int = Field(
+        64 * 1024 * 1024, alias="MaxPublishBytesInFlight", ge=64 * 1024
+    )
+    max_publishes_in_flight: int = Field(100_000, alias="MaxPublishesInFlight", ge=1)
+    publish_timeout: Seconds = Field(30.0, alias="PublishTimeout", gt=0)
 
     _check_listen = field_validator("listen")(check_listen)
 

@@ -70,6 +70,11 @@ class FrameDecoder:
         self._skip = 0  # bytes of an oversized or malformed frame still to discard
         self._peek: tuple[int, int] | None = None  # (total, header length) of an oversized frame
 
+    @property
+    def partial(self) -> bool:
+        """Whether a frame has begun and not ended (the gateway times such a frame out)."""
+        return bool(self._buffer) or self._skip > 0 or self._peek is not None
+
     def feed(self, data: bytes) -> list[Frame | BadFrame]:
         events: list[Frame | BadFrame] = []
         if self.broken:

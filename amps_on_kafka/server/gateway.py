@@ -18,20 +18,23 @@ from contextlib import suppress
 from functools import partial
 from typing import Any, TypeVar
 
-from amps_on_kafka.errors import PublishError, TransportError
-from amps_on_kafka.log.publisher import LogPublisher
+from confluent_kafka import Producer
+
+from amps_on_kafka.config.model import GatewayConfig
+from amps_on_kafka.errors import TransportError
+from amps_on_kafka.log.kafka import log_producer
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.server.fanout import Fanout
-from amps_on_kafka.server.frames import READ_SIZE
-from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump
+from amps_on_kafka.server.frames import READ_SIZE, encode_frame
+from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump, PublishBudget
 from amps_on_kafka.server.queues import QueueService
+from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.session import Session
 
 log = logging.getLogger(__name__)
 
-MiB = 1024 * 1024
 START_TIMEOUT = 10.0
 T = TypeVar("T")
 
@@ -43,22 +46,28 @@ class Gateway:
         bootstrap: str,
         *,
         listen: str = "127.0.0.1:9007",
-        max_frame_bytes: int = 4 * MiB,
-        max_queued_bytes: int = 64 * MiB,
+        settings: GatewayConfig | None = None,
         registry: TopicRegistry | None = None,
         queues: QueueEngine | None = None,
     ) -> None:
+        """`settings` are the config's Gateway section (its Listen is the `listen` here)."""
         self.engine = engine
         self.bootstrap = bootstrap
         self.listen = listen
-        self.max_frame_bytes = max_frame_bytes
-        self.max_queued_bytes = max_queued_bytes
+        self.settings = settings = settings or GatewayConfig()
+        self.max_frame_bytes = settings.max_frame_bytes
+        self.max_queued_bytes = settings.max_queued_bytes
         self.registry = registry or TopicRegistry(bootstrap)
         self.address: str | None = None
         self.loop = asyncio.new_event_loop()
         self.deletes = DeleteTracker()
         self.fanout = Fanout(engine, self.loop, self.deletes)
-        self.pump = DeliveryPump(self.loop)
+        self.producer = _shared_producer(bootstrap, settings)
+        self.pump = DeliveryPump(self.loop, self.producer, settings.publish_timeout)
+        self._producer_closed = False
+        self.budget = PublishBudget(
+            settings.max_publish_bytes_in_flight, settings.max_publishes_in_flight
+        )
         self.queues = QueueService(queues, self.loop) if queues is not None else None
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="amps-gateway-work")
         self._thread = threading.Thread(
@@ -67,7 +76,6 @@ class Gateway:
         self._server: asyncio.Server | None = None
         self._sessions: set[Session] = set()
         self._names: dict[str, Session] = {}
-        self._retiring: set[asyncio.Future[None]] = set()
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle (any thread) -----------------------------------------------------------
@@ -101,8 +109,12 @@ class Gateway:
             self.loop.close()
         for thread in self._threads:
             thread.join(timeout)
+        self._flush_producer(timeout)
         self.pump.stop()
         self._executor.shutdown(wait=True)
+        if not self._producer_closed:  # its threads and connections go now, not at GC
+            self._producer_closed = True
+            self.producer.close()
 
     def __enter__(self) -> Gateway:
         self.start()
@@ -116,16 +128,33 @@ class Gateway:
             self._server.close()
         for session in list(self._sessions):
             session.close()
-        if self._retiring:
-            await asyncio.wait(self._retiring)
+
+    def _flush_producer(self, timeout: float) -> None:
+        """What the sessions published still goes to Kafka, within `timeout`."""
+        unsent = self.producer.flush(timeout)
+        if unsent:
+            log.warning("gateway stopped with %d publish(es) Kafka had not acknowledged", unsent)
 
     # -- the event loop -----------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # asyncio reads max_size bytes per recv (256 KiB): see READ_SIZE for why not that
         writer.transport.max_size = READ_SIZE  # type: ignore[attr-defined]
+        if len(self._sessions) >= self.settings.max_connections:
+            await self._refuse(writer)
+            return
         session = Session(self, reader, writer)
         self._sessions.add(session)
         await session.run()
+
+    async def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        """Beyond MaxConnections: say why, then close, without reading anything."""
+        limit = self.settings.max_connections
+        reason = f"too many connections: this gateway serves at most {limit} (MaxConnections)"
+        log.warning("refused a connection from %s: %s", writer.get_extra_info("peername"), reason)
+        writer.write(encode_frame(ack({}, "processed", reason)))
+        writer.close()
+        with suppress(ConnectionError):
+            await writer.wait_closed()
 
     async def blocking(self, work: Callable[..., T], *args: Any) -> T:
         """Run blocking work on the gateway's pool, keeping the loop free."""
@@ -152,18 +181,15 @@ class Gateway:
             del self._names[session.client_name]
         self.deletes.forget(session)
 
-    def retire(self, publisher: LogPublisher) -> None:
-        """Stop serving a closed session's publisher; what it holds still goes to Kafka."""
-        self.pump.remove(publisher)
-        future = self.loop.run_in_executor(self._executor, _close_quietly, publisher)
-        self._retiring.add(future)
-        future.add_done_callback(self._retiring.discard)
 
-
-def _close_quietly(publisher: LogPublisher) -> None:
-    try:
-        publisher.close()
-    except PublishError as exc:  # nobody is left to tell: the client disconnected
-        log.warning(
-            "publisher %s closed with unpersisted messages: %s", publisher.publisher_id, exc
-        )
+def _shared_producer(bootstrap: str, settings: GatewayConfig) -> Producer:
+    """The worker's one producer for every session (see server/publishing.py): Kafka is
+    given PublishTimeout to acknowledge a publish, and its local queue room for the whole
+    PublishBudget, so a publish waits for the budget on the event loop, never in produce()."""
+    return log_producer(
+        bootstrap,
+        **{
+            "message.timeout.ms": int(settings.publish_timeout * 1000),
+            "queue.buffering.max.kbytes": 2 * settings.max_publish_bytes_in_flight // 1024,
+        },
+    )

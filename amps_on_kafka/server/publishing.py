@@ -3,16 +3,24 @@
 Every command is written by LogPublisher, the same code path as the `kafka://` client,
 so validation (bad JSON, a missing key field) happens there, before Kafka, and becomes a
 failure ack. Each session has its own LogPublisher, because the publisher id stamped on
-every record is the client's logon name.
+every record is the client's logon name, but they all share the gateway's one producer:
+a producer per connection cost 3 threads and up to 1 GiB of buffer each, and took the
+worker from 64 to 707 MiB with three publishers during a Kafka outage.
 
 Sequence numbers are the client's (`s`, as AMPS clients number their publishes), so the
 log carries them and a republished message keeps its number; without `s` the session's
 publisher numbers the command.
 
+Bounds: the commands produced and not yet reported by Kafka are counted against the
+worker's PublishBudget (commands and bytes). A session that would exceed it waits, and
+while it waits its socket is not read — the client is slowed down, the worker's memory is
+not grown. Kafka's `message.timeout.ms` is the gateway's PublishTimeout, so a publish that
+Kafka cannot take in time gets a failure ack naming the cause and frees its share.
+
 Acks:
 - `persisted` only from Kafka's delivery report (acks=all). librdkafka runs delivery
-  callbacks inside poll/flush only, so one DeliveryPump thread serves every session's
-  publisher and hands the outcomes to the event loop in batches.
+  callbacks inside poll/flush only, so one DeliveryPump thread serves the shared
+  producer and hands the outcomes to the event loop in batches.
 - a sow_delete's `processed` ack waits for the worker to apply every record it wrote
   (one per partition for a filter, one per key) and sums what they deleted.
 """
@@ -27,6 +35,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError, Message, Producer
 
 from amps_on_kafka.errors import AmpsError, PublishError
 from amps_on_kafka.expr import compile_filter
@@ -43,19 +53,24 @@ if TYPE_CHECKING:
 
 Outcome = Callable[[PublishError | None], None]  # runs on the loop with Kafka's verdict
 
-IDLE_WAIT = 0.1  # seconds the pump sleeps when no publisher has anything in flight
-SERVE_SLICE = 0.02  # seconds spent serving one publisher's reports before the next
+IDLE_WAIT = 0.1  # seconds the pump waits for a report when nothing is in flight
+SERVE_SLICE = 0.02  # seconds the pump waits for reports while something is in flight
+# What a command costs the budget beyond its payload: headers, key and librdkafka's own
+# per-message bookkeeping, so a flood of empty publishes is bounded too.
+RECORD_OVERHEAD = 256
 
 
 class DeliveryPump:
-    """Runs Kafka delivery callbacks for the sessions' publishers, off the event loop."""
+    """Runs the shared producer's delivery callbacks, off the event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, producer: Producer, timeout: float
+    ) -> None:
         self._loop = loop
-        self._publishers: list[LogPublisher] = []
+        self._producer = producer
+        self._timeout = timeout
         self._outcomes: deque[tuple[Outcome, PublishError | None]] = deque()
         self._posted = False
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="amps-gateway-deliveries", daemon=True
@@ -66,25 +81,15 @@ class DeliveryPump:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
-
-    def add(self, publisher: LogPublisher) -> None:
-        self._publishers = [*self._publishers, publisher]
-
-    def remove(self, publisher: LogPublisher) -> None:
-        self._publishers = [p for p in self._publishers if p is not publisher]
-
-    def produced(self) -> None:
-        """A publisher has something in flight: wake the pump if it sleeps."""
-        if not self._wake.is_set():  # Event.set costs a lock and a notify: once per wake-up
-            self._wake.set()
 
     def callback(self, handler: Outcome) -> Persisted:
         """An on_persisted callback that runs `handler` on the event loop."""
 
-        def persisted(error: PublishError | None, _message: object) -> None:
+        def persisted(error: PublishError | None, message: Message) -> None:
+            if error is not None:
+                error = PublishError(self.failure_reason(message.error()))
             self._outcomes.append((handler, error))
             if not self._posted:  # one loop wake-up per burst of reports
                 self._posted = True
@@ -92,6 +97,12 @@ class DeliveryPump:
                     self._loop.call_soon_threadsafe(self._drain)
 
         return persisted
+
+    def failure_reason(self, error: KafkaError) -> str:
+        """What the publisher is told: a timeout says how long Kafka was given."""
+        if error.code() == KafkaError._MSG_TIMED_OUT:
+            return f"Kafka did not acknowledge within {self._timeout:g}s: {error.str()}"
+        return f"Kafka did not persist the message: {error.str()}"
 
     def _drain(self) -> None:
         self._posted = False
@@ -101,13 +112,57 @@ class DeliveryPump:
             handler(error)
 
     def _run(self) -> None:
+        producer = self._producer
         while not self._stop.is_set():
-            self._wake.clear()
-            busy = [p for p in self._publishers if p.pending()]
-            if not busy:
-                self._wake.wait(IDLE_WAIT)
-            for publisher in busy:
-                publisher.poll(SERVE_SLICE)  # failures reach sessions through on_persisted
+            producer.poll(SERVE_SLICE if len(producer) else IDLE_WAIT)
+
+
+class PublishBudget:
+    """The worker's publish commands produced and not yet reported by Kafka, bounded.
+
+    Lives on the event loop. Waiters are served first come, first served, so a heavy
+    publisher cannot starve a light one; a command larger than the whole byte budget
+    still goes when nothing else is in flight (the frame limit bounds it).
+    """
+
+    def __init__(self, max_bytes: int, max_commands: int) -> None:
+        self.max_bytes = max_bytes
+        self.max_commands = max_commands
+        self.bytes = 0
+        self.commands = 0
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def reserve(self, size: int) -> None:
+        """Take `size` bytes and one command, waiting for room."""
+        if not self._waiting and self._fits(size):
+            self._take(size)
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(size)  # granted just as it was cancelled: give it back
+            raise
+
+    def release(self, size: int) -> None:
+        self.bytes -= size
+        self.commands -= 1
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, future = self._waiting.popleft()
+            if not future.cancelled():
+                self._take(size)
+                future.set_result(None)
+
+    def _fits(self, size: int) -> bool:
+        if self.commands >= self.max_commands:
+            return False
+        return self.commands == 0 or self.bytes + size <= self.max_bytes
+
+    def _take(self, size: int) -> None:
+        self.bytes += size
+        self.commands += 1
 
 
 @dataclass(eq=False)
@@ -117,6 +172,7 @@ class PendingWrite:
     writes: Writes
     request: Request
     ticket: int
+    size: int
     remaining: int = 0
     error: PublishError | None = None
 
@@ -135,6 +191,7 @@ class Writes:
         self.session = session
         self.publisher = publisher
         self.pump = session.gateway.pump
+        self.budget = session.gateway.budget
         self._issued = itertools.count()
         self._last_ticket = -1
         self._inflight: dict[int, PendingWrite] = {}  # in ticket order
@@ -148,32 +205,36 @@ class Writes:
             self._known.add(topic)
         return self.publisher.spec(topic)
 
-    def begin(self, request: Request) -> PendingWrite:
+    async def begin(self, request: Request) -> PendingWrite:
+        """Wait for room in the worker's PublishBudget, then number the command."""
+        size = len(request.payload) + RECORD_OVERHEAD
+        await self.budget.reserve(size)
         self._last_ticket = next(self._issued)
-        pending = PendingWrite(self, request, self._last_ticket)
+        pending = PendingWrite(self, request, self._last_ticket, size)
         self._inflight[pending.ticket] = pending
         return pending
 
     def written(self, pending: PendingWrite, records: int) -> None:
         """The publisher produced `records` records for this command."""
         pending.remaining += records
-        if records:
-            self.pump.produced()
-        else:
+        if not records:
             self.finish(pending)
 
     def abandon(self, pending: PendingWrite) -> None:
         """The publisher refused the command: nothing will be reported for it."""
-        self._inflight.pop(pending.ticket, None)
-        self._release_flushes()
+        self._done(pending)
 
     def finish(self, pending: PendingWrite) -> None:
-        self._inflight.pop(pending.ticket, None)
         header = pending.request.header
         if pending.error is not None:
             self.session.send(ack(header, "persisted", pending.error.reason))
         elif pending.request.wants("persisted"):
             self.session.send(ack(header, "persisted"))
+        self._done(pending)
+
+    def _done(self, pending: PendingWrite) -> None:
+        self._inflight.pop(pending.ticket, None)
+        self.budget.release(pending.size)
         self._release_flushes()
 
     async def flushed(self) -> None:
@@ -208,7 +269,7 @@ async def publish(session: Session, request: Request) -> None:
     topic = text(header, "t", required=True)
     writes = session.writes
     data = publish_data(await writes.spec(topic), request.payload)
-    pending = writes.begin(request)
+    pending = await writes.begin(request)
     try:
         writes.publisher.publish(
             topic,
@@ -243,7 +304,7 @@ async def sow_delete(session: Session, request: Request) -> None:
     writes = session.writes
     spec = await writes.spec(topic)
     data = publish_data(spec, request.payload) if request.payload else None
-    pending = writes.begin(request)
+    pending = await writes.begin(request)
     try:
         sequences = writes.publisher.sow_delete(
             topic,

@@ -26,7 +26,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.errors import AmpsError, UnknownTopic
 from amps_on_kafka.processor.engine import QueryResult
 from amps_on_kafka.processor.queues import QueueEngine, QueueMessage, QueueSubscription
 from amps_on_kafka.server.frames import encode_frame
@@ -104,9 +104,21 @@ def routed(regular: Handler, queued: Handler) -> Handler:
         if service is not None and service.serves(request.header.get("t")):
             await queued(session, request)
         else:
+            _refuse_queue_only(request)
             await regular(session, request)
 
     return handle
+
+
+def _refuse_queue_only(request: Request) -> None:
+    """An ack (sow_delete with `bm`) is for a queue only: on any other topic, say that the
+    queue does not exist, not that the name is not a SOW topic (defect 13)."""
+    header = request.header
+    if header.get("c") == "sow_delete" and header.get("bm") is not None:
+        raise UnknownTopic(
+            f"no queue {header.get('t')!r} on this worker: an ack (sow_delete with bm) "
+            "needs a queue"
+        )
 
 
 class QueueSubscriber:

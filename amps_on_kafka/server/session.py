@@ -8,15 +8,27 @@ frame, unless its length field makes the stream impossible to follow.
 Commands are handled in the order they arrive; the long ones (queries, replays, flush)
 continue as tasks so the connection keeps serving meanwhile.
 
+Bounds (docs/operations.md, The gateway's bounds), so no client can grow the worker:
+- at most MaxCommandsInFlight long commands run at once per connection; beyond that the
+  session stops reading its socket until one ends (10k pipelined `sow` frames whose
+  replies were never read took the worker to 760 MiB);
+- after each chunk of frames read, the session waits for its replies to drain before
+  reading more, so a client that sends without reading is paced by its own replies;
+- publishes wait for the worker's PublishBudget (server/publishing.py);
+- a frame must arrive whole, and a new connection log on, within ReadTimeout.
+
 Slow consumers: replies go straight into the connection's write buffer. Queries and
 replays wait for it to drain; live deliveries can't wait (they would hold up every other
 subscriber), so a connection with more than `max_queued_bytes` unsent is disconnected.
+
+A connection closed for a reason is first sent a failure ack without `cid` naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,6 +46,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Handler = Callable[["Session", Request], Awaitable[None]]
+# A closing connection's unsent replies are delivered up to this size (the kernel's socket
+# buffer takes them at once); more is dropped with the connection rather than held for a
+# client that may never read it.
+CLOSE_FLUSH_BYTES = 64 * 1024
 
 
 class Subscription(Protocol):
@@ -57,6 +73,7 @@ class Session:
         self.closed = False
         self._writes: Writes | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._read_deadline: float | None = time.monotonic() + gateway.settings.read_timeout
 
     def __repr__(self) -> str:
         return f"Session({self.client_name or '?'}@{self.peer})"
@@ -65,19 +82,48 @@ class Session:
     async def run(self) -> None:
         try:
             while not self.closed:
-                data = await self.reader.read(READ_SIZE)
+                data = await self._read()
                 if not data:
                     break
                 for event in self.decoder.feed(data):
                     if self.closed:
                         break
                     await self._handle(event)
+                self._watch_reads()
+                await self.drain()  # replies before more requests: the client's pace
         except ConnectionError:
             pass
         except Exception:  # a bug: drop this connection, keep the gateway serving
             log.exception("%r failed; closing the connection", self)
         finally:
             self.close()
+
+    async def _read(self) -> bytes:
+        """The next bytes; b"" at the end, or once ReadTimeout has passed on a frame
+        begun and not finished, or on a connection not logged on."""
+        if self._read_deadline is None:
+            return await self.reader.read(READ_SIZE)
+        try:
+            return await asyncio.wait_for(
+                self.reader.read(READ_SIZE), self._read_deadline - time.monotonic()
+            )
+        except TimeoutError:
+            self.close_for(self._timeout_reason())
+            return b""
+
+    def _watch_reads(self) -> None:
+        """Start (or stop) the clock on a frame begun and not yet whole."""
+        if self.decoder.partial or self.client_name is None:
+            if self._read_deadline is None:
+                self._read_deadline = time.monotonic() + self.gateway.settings.read_timeout
+        else:
+            self._read_deadline = None
+
+    def _timeout_reason(self) -> str:
+        limit = self.gateway.settings.read_timeout
+        if self.decoder.partial:
+            return f"a frame begun was not completed within {limit:g}s (ReadTimeout)"
+        return f"no logon within {limit:g}s of connecting (ReadTimeout)"
 
     async def _handle(self, event: Frame | BadFrame) -> None:
         if isinstance(event, BadFrame):
@@ -94,6 +140,13 @@ class Session:
             await handler(self, request)
         except AmpsError as exc:
             self.fail(header, exc.reason)
+        await self._pace()
+
+    async def _pace(self) -> None:
+        """Read no further while MaxCommandsInFlight long commands are running."""
+        limit = self.gateway.settings.max_commands_in_flight
+        while len(self._tasks) >= limit and not self.closed:
+            await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
 
     def _handler(self, header: dict[str, Any]) -> Handler:
         command = header.get("c")
@@ -126,6 +179,12 @@ class Session:
         """A failure ack for a command (or a frame) the session could not carry out."""
         self.send(ack(request, "processed", reason))
 
+    def close_for(self, reason: str) -> None:
+        """Close the connection, telling the client why (a failure ack without cid)."""
+        log.warning("%r: closing: %s", self, reason)
+        self.fail({}, reason)
+        self.close()
+
     async def drain(self) -> None:
         """Wait until the client has taken most of what was sent (flow control)."""
         if self.closed:
@@ -144,9 +203,9 @@ class Session:
                 self.client_name,  # type: ignore[arg-type]
                 registry=self.gateway.registry,
                 on_failed_write=_reported_per_command,
+                producer=self.gateway.producer,
             )
             self._writes = Writes(self, publisher)
-            self.gateway.pump.add(publisher)
         return self._writes
 
     def add_subscription(self, sub: Subscription) -> None:
@@ -167,7 +226,8 @@ class Session:
         *,
         on_failure: Subscription | None = None,
     ) -> None:
-        """Run a long command as a task; its AmpsError becomes a failure ack."""
+        """Run a long command as a task; its AmpsError becomes a failure ack. The read
+        loop counts these tasks against MaxCommandsInFlight (`_pace`)."""
         task = asyncio.get_running_loop().create_task(self._guarded(work, request, on_failure))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -195,9 +255,10 @@ class Session:
             sub.close()
         self.subscriptions.clear()
         self.gateway.forget(self)
-        if self._writes is not None:
-            self.gateway.retire(self._writes.publisher)
-        self.writer.close()
+        if self.writer.transport.get_write_buffer_size() > CLOSE_FLUSH_BYTES:
+            self.writer.transport.abort()  # a client that doesn't read would hold it forever
+        else:
+            self.writer.close()
 
 
 def _reported_per_command(_failure: object) -> None:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from amps_on_kafka.config import Config
+from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.processor.engine import QueryResult, SowEngine
 from amps_on_kafka.processor.worker import now_ms
@@ -81,7 +82,8 @@ def direct(bootstrap, tmp_path) -> Iterator[tuple[Direct, Gateway]]:
     engine = SteppedEngine(config, {TOPIC: SowRules(config.sow[0], JSON)}, now_ms)
     store = PartitionStore(tmp_path / "store", TOPIC, 0, JSON)
     engine.attach(store)
-    gateway = Gateway(engine, bootstrap, listen="127.0.0.1:0", max_queued_bytes=1024 * 1024)
+    settings = GatewayConfig(max_queued_bytes=1024 * 1024)
+    gateway = Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings)
     gateway.start()
     yield Direct(engine, store), gateway
     gateway.stop()
