@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from zlib import crc32
 
 import orjson
 
@@ -603,10 +604,16 @@ class _LogReader:
 
 # -- the ring store ---------------------------------------------------------------------------
 
-RING_HEADER = b"AMPS-KAFKA RING 1\n"
+RING_HEADER = b"AMPS-KAFKA RING 2\n"  # the length word holds the key's CRC-32 too
+RING_HEADER_V1 = b"AMPS-KAFKA RING 1\n"  # a length word of the length alone: still read
+RING_REMEDY = (
+    "open it with RingBookmarkStore(path, salvage=True) to drop the damaged slots (the "
+    "damaged file is copied beside it as <name>.damaged; the partitions they held are "
+    "read again from EPOCH), or move the file away to start every subscription afresh"
+)
 SLOT_SIZE = 512
 KEY_SPACE = SLOT_SIZE - 8 - 32  # a length word, then the key, then two cells
-_LENGTH = struct.Struct("<Q")
+_LENGTH = struct.Struct("<Q")  # key length | CRC-32 of the key << 32 (0: a free slot)
 _CELL = struct.Struct("<qq")
 _CHECK = 0x5A5A_5A5A_5A5A_5A5A  # a cell holds (value, value ^ _CHECK): a torn one won't match
 GROW_SLOTS = 64
@@ -622,27 +629,68 @@ class RingBookmarkStore(BookmarkStore):
     duplicate detection knows only what this run has seen.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, salvage: bool = False) -> None:
         super().__init__()
         self.path = Path(path)
-        self._slots = MappedSlots(self.path, RING_HEADER, SLOT_SIZE)
+        self._slots = MappedSlots(self.path, (RING_HEADER, RING_HEADER_V1), SLOT_SIZE)
         self._free: list[int] = []
+        try:
+            self._load(salvage)
+        except BaseException:
+            self._slots.close()
+            raise
+
+    def _load(self, salvage: bool) -> None:
+        """Read every slot. A slot in use that doesn't read (its key's checksum or shape,
+        or both cells) is damage: DamagedFile, unless `salvage` (then it is dropped, so
+        its partition is read again from EPOCH, after a copy of the file is kept). Taking
+        it for a free slot, as before, forgot its recovery point without a word."""
+        damaged = []
         for index in range(self._slots.count):
-            self._load_slot(index)
+            try:
+                self._load_slot(index)
+            except (ValueError, orjson.JSONDecodeError) as exc:
+                offset = self._slots.header_size + index * SLOT_SIZE
+                if not salvage:
+                    problem = f"slot {index} doesn't read: {exc}"
+                    raise DamagedFile(self.path, offset, problem, RING_REMEDY) from exc
+                damaged.append(index)
+        if damaged:
+            keep_damaged(self.path)
+            for index in damaged:
+                self._slots.write(index, 0, _LENGTH.pack(0))
+            self._free.extend(damaged)
+        if self._slots.header == RING_HEADER_V1:
+            self._upgrade()
 
     def _load_slot(self, index: int) -> None:
-        slot = self._slots.slot(index)
-        (length,) = _LENGTH.unpack_from(slot)
-        if not 0 < length <= KEY_SPACE:
+        key = _slot_key(self._slots.slot(index), self._slots.header == RING_HEADER)
+        if key is None:
             self._free.append(index)
             return
-        sub_id, topic, partition = orjson.loads(slot[8 : 8 + length])
+        slot = self._slots.slot(index)
+        sub_id, topic, partition = orjson.loads(key)
+        if not (isinstance(sub_id, str) and isinstance(topic, str) and type(partition) is int):
+            raise ValueError(f"its key {key[:60]!r} is not [sub_id, topic, partition]")
         cells = [_CELL.unpack_from(slot, 8 + KEY_SPACE + 16 * i) for i in (0, 1)]
         good = [value for value, check in cells if value ^ _CHECK == check]
-        recovery = max(good, default=-1)
+        if not good:
+            raise ValueError("neither of its cells holds a recovery point")
+        recovery = max(good)
         older = 0 if cells[0][0] != recovery else 1
         part = _Partition(recovery, ref=[index, older, recovery])
         self._subs.setdefault(sub_id, {})[(topic, partition)] = part
+
+    def _upgrade(self) -> None:
+        """Bring a file of the first format to the second: each key's checksum, then
+        the header (a crash between leaves a first-format file that still reads)."""
+        for parts in self._subs.values():
+            for part in parts.values():
+                index = part.ref[0]
+                key = _slot_key(self._slots.slot(index), False)
+                self._slots.write(index, 0, _length_word(key))  # type: ignore[arg-type]
+        self._slots.sync()
+        self._slots.set_header(RING_HEADER)
 
     def close(self) -> None:
         with self._lock:
@@ -659,7 +707,7 @@ class RingBookmarkStore(BookmarkStore):
         index = self._free.pop()
         cell = _CELL.pack(part.recovery, part.recovery ^ _CHECK)
         self._slots.write(index, 8, key.ljust(KEY_SPACE, b"\0") + cell + cell)
-        self._slots.write(index, 0, _LENGTH.pack(len(key)))  # last: the slot is now in use
+        self._slots.write(index, 0, _length_word(key))  # last: the slot is now in use
         part.ref = [index, 0, part.recovery]
 
     def _logged(
@@ -686,10 +734,28 @@ class RingBookmarkStore(BookmarkStore):
 
     def _purged(self, sub_id: str | None) -> None:
         for index in range(self._slots.count):
-            slot = self._slots.slot(index)
-            (length,) = _LENGTH.unpack_from(slot)
-            if not 0 < length <= KEY_SPACE or index in self._free:
+            if index in self._free:
                 continue
-            if sub_id is None or orjson.loads(slot[8 : 8 + length])[0] == sub_id:
+            key = _slot_key(self._slots.slot(index), False)
+            if sub_id is None or orjson.loads(key)[0] == sub_id:  # type: ignore[arg-type]
                 self._slots.write(index, 0, _LENGTH.pack(0))
                 self._free.append(index)
+
+
+def _length_word(key: bytes) -> bytes:
+    return _LENGTH.pack(len(key) | crc32(key) << 32)
+
+
+def _slot_key(slot: bytes, checked: bool) -> bytes | None:
+    """A slot's key; None for a free slot; ValueError when the length word is damaged
+    (out of range, or with `checked`, a checksum the key doesn't match)."""
+    (word,) = _LENGTH.unpack_from(slot)
+    if word == 0:
+        return None
+    length = word & 0xFFFF_FFFF
+    if not 0 < length <= KEY_SPACE:
+        raise ValueError(f"its key length {length} is out of range")
+    key = slot[8 : 8 + length]
+    if checked and word >> 32 != crc32(key):
+        raise ValueError("its key's checksum doesn't match")
+    return key

@@ -173,23 +173,33 @@ class MappedLog:
 
 
 class MappedSlots:
-    """A file of fixed-size slots after a header, each rewritten in place through a map."""
+    """A file of fixed-size slots after a header, each rewritten in place through a map.
 
-    def __init__(self, path: Path, header: bytes, slot_size: int) -> None:
+    `headers` are those of the formats it reads, all of one length: a new file gets the
+    first; `header` is the one the file has.
+    """
+
+    def __init__(self, path: Path, headers: tuple[bytes, ...], slot_size: int) -> None:
         self.path = path
-        self.header_size = len(header)
+        self.header_size = len(headers[0])
         self.slot_size = slot_size
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         size = os.fstat(self._fd).st_size
         if size == 0:
-            os.write(self._fd, header)
-            size = len(header)
+            os.write(self._fd, headers[0])
+            size = len(headers[0])
         self._map = mmap.mmap(self._fd, size)
-        if self._map[: self.header_size] != header:
+        self.header = self._map[: self.header_size]
+        if self.header not in headers:
             self._map.close()
             os.close(self._fd)
             raise ValueError(f"{path} is not a file of this kind (its header differs)")
+
+    def set_header(self, header: bytes) -> None:
+        """Rewrite the header (same length): after the slots were brought to its format."""
+        self._map[: self.header_size] = header
+        self.header = header
 
     @property
     def count(self) -> int:

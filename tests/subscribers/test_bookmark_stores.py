@@ -326,3 +326,70 @@ def test_a_file_of_the_first_format_without_checksums_is_still_read(tmp_path):
         assert store.get_most_recent("s") == "orders|0|0|"
         assert store.is_discarded(record(2), "s") and not store.is_discarded(record(1), "s")
     assert path.read_bytes().startswith(b"AMPS-KAFKA BOOKMARKS 2\n")
+
+
+def ring_file(path: Path) -> bytearray:
+    """A ring store's file with two subscriptions: "s" at offset 2, "t" at offset 5."""
+    with RingBookmarkStore(path) as store:
+        deliver(store, range(3), "s")
+        deliver(store, range(6), "t")
+        for offset in range(3):
+            store.discard(record(offset), "s")
+        for offset in range(6):
+            store.discard(record(offset), "t")
+    return bytearray(path.read_bytes())
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    ["key length", "key byte", "both cells"],
+)
+def test_defect_9_a_damaged_ring_slot_refuses_the_file(tmp_path, spoil):
+    """Before: a slot whose length word was damaged was taken for a free one (its
+    subscription's recovery point forgotten without a word, the slot then reused), a
+    damaged key raised a bare JSON error, and two damaged cells read as EPOCH."""
+    path = tmp_path / "bookmarks.ring"
+    data = ring_file(path)
+    slot = data.index(b'["s"') - 8
+    if spoil == "key length":
+        data[slot + 2] ^= 0x40  # a length far beyond the slot
+    elif spoil == "key byte":
+        data[slot + 10] ^= 0x01  # "s" becomes "r": valid JSON, another subscription
+    else:
+        data[slot + 512 - 32 : slot + 512] = b"\x01" * 32
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedFile, match=f"byte {slot}: slot 0") as refused:
+        RingBookmarkStore(path)
+    assert "salvage=True" in str(refused.value)
+    assert path.read_bytes() == bytes(data)
+
+
+def test_defect_9_salvage_drops_only_the_damaged_ring_slot(tmp_path):
+    path = tmp_path / "bookmarks.ring"
+    data = ring_file(path)
+    slot = data.index(b'["s"') - 8
+    data[slot + 10] ^= 0x01
+    path.write_bytes(bytes(data))
+    with RingBookmarkStore(path, salvage=True) as store:
+        assert store.get_most_recent("s") == EPOCH  # read again from the start: no loss
+        assert store.get_most_recent("t") == "orders|0|5|"
+        deliver(store, range(2), "u")  # the dropped slot is free again
+    assert (tmp_path / "bookmarks.ring.damaged").read_bytes() == bytes(data)
+    assert path.read_bytes()[slot + 8 : slot + 12] == b'["u"'
+    with RingBookmarkStore(path) as store:
+        assert store.get_most_recent("t") == "orders|0|5|"
+
+
+def test_a_ring_file_of_the_first_format_is_read_and_brought_to_the_second(tmp_path):
+    path = tmp_path / "bookmarks.ring"
+    data = ring_file(path)
+    data[: len(b"AMPS-KAFKA RING 1\n")] = b"AMPS-KAFKA RING 1\n"
+    header = len(b"AMPS-KAFKA RING 1\n")
+    for start in range(header, len(data), 512):
+        data[start + 4 : start + 8] = bytes(4)  # no checksums in the first format
+    path.write_bytes(bytes(data))
+    with RingBookmarkStore(path) as store:
+        assert store.get_most_recent("s") == "orders|0|2|"
+    assert path.read_bytes().startswith(b"AMPS-KAFKA RING 2\n")
+    with RingBookmarkStore(path) as store:  # the keys' checksums were written
+        assert store.get_most_recent("t") == "orders|0|5|"
