@@ -452,11 +452,14 @@ def test_the_worker_logs_a_kafka_outage_once_and_the_recovery_once(tmp_path):
             "worker", "--config", config, "--state-dir", str(tmp_path / "state"),
             "--listen", "127.0.0.1:0", bootstrap=address,
         )  # fmt: skip
-        running.wait_for("worker ready")
+        ready = running.wait_for("worker ready: gateway ")
         broker.stop()
         running.wait_for(f"Kafka unreachable at {address} since ", timeout=60)
         broker.start()
         running.wait_for(f"Kafka reachable again at {address} after ", timeout=120)
+        assert amps_kafka("publish", "orders", '{"id": 7}', bootstrap=address)[0] == 0
+        server = ready.split("gateway ")[1].split(",")[0]
+        assert _sow_ids(server, "orders") == [7]  # applied after the outage
         code, stderr = running.interrupt(signal.SIGINT)
     finally:
         if running is not None:
@@ -465,3 +468,15 @@ def test_the_worker_logs_a_kafka_outage_once_and_the_recovery_once(tmp_path):
     assert code == 130 and "Traceback" not in stderr
     assert stderr.count("Kafka unreachable") == 1 and stderr.count("reachable again") == 1
     assert "rdkafka" not in stderr  # librdkafka's own lines are DEBUG, not shown at INFO
+
+
+def _sow_ids(server: str, topic: str, timeout: float = 60.0) -> list[int]:
+    """The ids in the worker's SOW once it holds any (the worker applies asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, stdout, stderr, _ = amps_kafka("sow", topic, "--server", server)
+        assert code == 0, stderr
+        ids = sorted(orjson.loads(line)["data"]["id"] for line in stdout.splitlines())
+        if ids:
+            return ids
+    return []
