@@ -1,13 +1,21 @@
 """The log envelope round-trips every combination of metadata (hypothesis)."""
 
 import contextlib
+import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from amps_on_kafka.errors import MessageError
-from amps_on_kafka.log.envelope import Command, Envelope, is_plain_publish
+from amps_on_kafka.log.envelope import (
+    MAX_EXPIRATION,
+    Command,
+    Envelope,
+    EnvelopeError,
+    check_expiration,
+    is_plain_publish,
+)
 
 text = st.text(min_size=1, max_size=40)
 envelopes = st.builds(
@@ -112,3 +120,29 @@ def test_what_publishers_write_for_a_plain_publish_is_recognised(envelope):
 )
 def test_anything_unusual_is_left_to_the_full_decoder(headers):
     assert not is_plain_publish(headers)
+
+
+@given(
+    st.binary(max_size=24)
+    | st.floats().map(lambda f: repr(f).encode())
+    | st.integers().map(b"%d".__mod__)
+)
+def test_an_expiration_the_envelope_accepts_fits_a_stored_deadline(value):
+    """Issue 13, defect 1: `inf`, `nan`, `1e308` or `1e17` in the `e` header made a deadline
+    the packed record could not hold, and the worker died on it."""
+    try:
+        expiration = Envelope.from_headers([("e", value)]).expiration
+    except EnvelopeError as exc:
+        assert "'e'" in str(exc)
+        return
+    assert expiration is not None and 0 <= expiration <= MAX_EXPIRATION
+    assert 2**53 + round(expiration * 1000) < 2**63  # any timestamp a log plausibly holds
+
+
+@given(st.floats() | st.integers(-(2**70), 2**70))
+def test_check_expiration_takes_exactly_the_finite_lifetimes_up_to_100_years(value):
+    fits = math.isfinite(value) and 0 <= value <= MAX_EXPIRATION
+    try:
+        assert check_expiration(value) == value and fits
+    except MessageError as exc:
+        assert not fits and "expiration must be" in str(exc)
