@@ -25,6 +25,7 @@ from pathlib import Path
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from amps_on_kafka.config.model import DEFAULT_WRITE_BUFFER_BYTES
+from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.state.events import Replaced
 from amps_on_kafka.state.record import NEVER, SowRecord
@@ -60,6 +61,44 @@ _NO_WAL.disable_wal = True
 
 def store_path(state_dir: Path, topic: str, partition: int) -> Path:
     return Path(state_dir) / topic / str(partition)
+
+
+class StoreUnavailable(AmpsError):
+    """A partition's store that RocksDB can't open: locked by another process, or
+    damaged. The message names the directory and says how to recover."""
+
+    @classmethod
+    def locked(cls, path: Path, cause: object) -> StoreUnavailable:
+        return cls(
+            f"the store {path} is locked by another process ({cause}): stop the other "
+            "worker that uses this state directory, or give this one another --state-dir"
+        )
+
+    @classmethod
+    def damaged(cls, path: Path, cause: object) -> StoreUnavailable:
+        return cls(
+            f"the store {path} is damaged ({cause}). To recover, stop the worker and delete "
+            "that directory (or move it away to keep it): the worker then rebuilds the "
+            "partition from the start of its log, which gives the whole SOW only while "
+            "retention still holds every record of the partition (docs/operations.md, "
+            "'A damaged state directory')"
+        )
+
+
+def _open_db(path: Path, write_buffer_bytes: int) -> Rdict:
+    """Open a store's RocksDB, or say what is wrong and how to recover. A directory with
+    table files but no CURRENT would otherwise be opened as a new, empty store, and the
+    partition silently rebuilt from whatever the log still holds."""
+    if not (path / "CURRENT").exists() and any(path.glob("MANIFEST-*")):
+        raise StoreUnavailable.damaged(path, "its CURRENT file is missing")
+    cf_options = {name: _column_options(write_buffer_bytes) for name in COLUMN_FAMILIES}
+    try:
+        return Rdict(str(path), _options(write_buffer_bytes), column_families=cf_options)
+    except Exception as exc:  # rocksdict raises a bare Exception with RocksDB's status
+        text = str(exc)
+        if text.startswith("IO error: lock") or "/LOCK:" in text:
+            raise StoreUnavailable.locked(path, text) from exc
+        raise StoreUnavailable.damaged(path, text) from exc
 
 
 class StateBatch:
@@ -138,8 +177,7 @@ class PartitionStore:
         self.partition = partition
         self.codec = codec
         self.path.mkdir(parents=True, exist_ok=True)
-        cf_options = {name: _column_options(write_buffer_bytes) for name in COLUMN_FAMILIES}
-        self._db = Rdict(str(self.path), _options(write_buffer_bytes), column_families=cf_options)
+        self._db = _open_db(self.path, write_buffer_bytes)
         self._sow = self._db.get_column_family("sow")
         self._expiry = self._db.get_column_family("expiry")
         self._meta = self._db.get_column_family("meta")
