@@ -144,11 +144,18 @@ class PublishBudget:
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release(size)  # granted just as it was cancelled: give it back
+            else:  # those behind it may fit now
+                self._waiting = deque(w for w in self._waiting if w[1] is not future)
+                self._grant()
             raise
 
     def release(self, size: int) -> None:
         self.bytes -= size
         self.commands -= 1
+        self._grant()
+
+    def _grant(self) -> None:
+        """Serve the waiters in order while the first one fits."""
         while self._waiting and self._fits(self._waiting[0][0]):
             size, future = self._waiting.popleft()
             if not future.cancelled():

@@ -1,0 +1,70 @@
+"""PublishBudget, the bound on the worker's publishes in flight (defect 5), as a state
+machine: any order of reservations, releases and cancellations keeps it within its
+limits, grants first come first served, and never leaves a waiter that would fit."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amps_on_kafka.server.publishing import PublishBudget
+
+MAX_BYTES = 1000
+MAX_COMMANDS = 4
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("reserve"), st.integers(1, 1500)),  # some larger than the budget
+        st.tuples(st.just("release"), st.integers(0, 10)),
+        st.tuples(st.just("cancel"), st.integers(0, 10)),
+    ),
+    max_size=60,
+)
+
+
+async def settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+def check(budget: PublishBudget, waiting: list[tuple[int, asyncio.Task[None]]]) -> None:
+    assert 0 <= budget.commands <= MAX_COMMANDS
+    assert budget.bytes <= MAX_BYTES or budget.commands == 1  # one oversized goes alone
+    if waiting:  # the head waits only because it does not fit
+        size = waiting[0][0]
+        assert budget.commands == MAX_COMMANDS or budget.bytes + size > MAX_BYTES
+
+
+async def run(plan: list[tuple[str, int]]) -> None:
+    budget = PublishBudget(MAX_BYTES, MAX_COMMANDS)
+    waiting: list[tuple[int, asyncio.Task[None]]] = []
+    held: list[int] = []
+    for action, value in plan:
+        if action == "reserve":
+            waiting.append((value, asyncio.create_task(budget.reserve(value))))
+        elif action == "release" and held:
+            budget.release(held.pop(value % len(held)))
+        elif action == "cancel" and waiting:
+            _size, task = waiting.pop(value % len(waiting))
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await settle()
+        granted = [(size, task) for size, task in waiting if task.done()]
+        assert granted == waiting[: len(granted)], "granted out of order"
+        held += [size for size, _ in granted]
+        waiting = waiting[len(granted) :]
+        check(budget, waiting)
+    while held:
+        budget.release(held.pop())
+        await settle()
+        held += [size for size, task in waiting if task.done()]
+        waiting = [(size, task) for size, task in waiting if not task.done()]
+    assert not waiting and budget.commands == 0 and budget.bytes == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_the_budget_bounds_grants_in_order_and_returns_to_zero(plan):
+    asyncio.run(run(plan))
