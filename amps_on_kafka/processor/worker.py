@@ -411,6 +411,7 @@ class Worker:
         self, store: PartitionStore, rules: SowRules, messages: list[LogMessage]
     ) -> None:
         previous = rules.expiring or self.engine.wants_previous(store.topic)
+        rules.place(messages, store.partition)
         state = StateBatch(store)
         state.prefetch(_keys_to_read(rules, messages, previous))
         applied = Applied(previous=previous)

@@ -178,13 +178,36 @@ class SowRules:
         """The record's SOW key by this topic's configuration, computed once per record."""
         key = message.computed_key
         if key is None:
-            if self.key_from_publish and envelope.sow_key is not None:
-                key = envelope.sow_key
-            else:
-                key = self.keys(message.data)
+            key = self._own_key(message, envelope)
             self.check_placement(key, message.partition)
             message.computed_key = key
         return key
+
+    def _own_key(self, message: LogMessage, envelope: Envelope) -> str:
+        if self.key_from_publish and envelope.sow_key is not None:
+            return envelope.sow_key
+        return self.keys(message.data)
+
+    def place(self, messages: list[LogMessage], partition: int) -> None:
+        """Check where a batch's keys belong all at once (Placement.misplaced): one hash
+        per record in Python cost a quarter of the general path. A record whose key
+        belongs here gets it as its computed_key, which key_of then takes unchecked;
+        the others are left to key_of, which refuses them with the reason."""
+        placement = self.placement
+        if placement is None:
+            return
+        keyed = []
+        for message in messages:
+            try:
+                envelope = message.envelope
+                if envelope.filter is None and envelope.sow_keys is None:
+                    keyed.append((message, self._own_key(message, envelope)))
+            except Exception:  # refused when applied, with its reason
+                continue
+        wrong = set(placement.misplaced([key.encode() for _, key in keyed], partition))
+        for index, (message, key) in enumerate(keyed):
+            if index not in wrong:
+                message.computed_key = key
 
     def check_placement(self, key: str, partition: int) -> None:
         """A record whose SOW key belongs in another partition is refused: applied here,
