@@ -315,3 +315,23 @@ def test_a_refused_record_larger_than_a_client_default_is_dead_lettered_whole(
     assert worker.rejected == {"bad_record": 1} and worker.dead_letter_failures == 0
     (letter,) = letters(bootstrap, dead)
     assert letter.raw == big
+
+
+def test_a_batch_placement_check_refuses_exactly_the_keys_of_other_partitions():
+    """SowRules.place checks a general-path batch at once; it must refuse what key_of's
+    own check would, and let every other record through unchanged."""
+    rules = SowRules(SowConfig.model_validate({"Topic": "t", "Key": "/id"}), JSON)
+    rules.placement = Placement(3)
+    keys = [str(i) for i in range(40)]
+    messages = [
+        LogMessage("t", 1, n, 1000, b'{"id": "%s"}' % k.encode(), [("c", b"delta_publish")], JSON)
+        for n, k in enumerate(keys)
+    ]
+    rules.place(messages, 1)
+    state, out = DictState(), Applied()
+    for message in messages:
+        rules.apply(state, message, out)
+    home = [k for k in keys if partition_for(k.encode(), 3) == 1]
+    assert sorted(state.records) == sorted(home) and 0 < len(home) < len(keys)
+    assert {r.rejection for r in out.results if r.error} == {"misplaced_key"}
+    assert len([r for r in out.results if r.error]) == len(keys) - len(home)
