@@ -55,7 +55,6 @@ from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.log.topics import (
     H_TARGET_PARTITION,
-    REPARTITION_PREFIX,
     create_topics,
     new_repartition_topic,
     repartition_topic,
@@ -69,16 +68,6 @@ H_SOURCE_BOOKMARK = "sb"
 BATCH_SIZE = 5000  # records per transaction: bounds what a crash makes the next one redo
 RETRY_WAIT = 1.0  # seconds after a failed transaction before the batch is read again
 TRANSACTION_TIMEOUT = 30.0  # seconds: init, offsets and commit of one transaction
-
-
-def logical_topic(name: str) -> str:
-    """The SOW topic a consumed topic stands for: itself, or the source of an internal one."""
-    prefix = REPARTITION_PREFIX
-    return name[len(prefix) :] if name.startswith(prefix) else name
-
-
-def repartitioned(config: Config) -> list[SowConfig]:
-    return [sow for sow in config.sow if sow.repartition]
 
 
 def consumed_topic(sow: SowConfig) -> str:
@@ -107,7 +96,9 @@ class Repartitioner:
         self.target = repartition_topic(sow.topic)
         self.group_id = f"{group_id}.repartition"
         # Stable per worker (its state directory): a restarted worker's init_transactions
-        # aborts what its crashed predecessor left open instead of waiting for a timeout.
+        # aborts what its crashed predecessor left open instead of waiting for a timeout,
+        # and, as the consumer's static group.instance.id, takes its partitions back at
+        # once instead of after the dead member's session timeout.
         place = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:12]
         self.transactional_id = f"amps-repartition.{self.group_id}.{self.source}.{place}"
         self.forwarded = 0  # source records copied (committed) since start
@@ -273,6 +264,7 @@ class Repartitioner:
                 self.bootstrap,
                 **{
                     "group.id": self.group_id,
+                    "group.instance.id": self.transactional_id,
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                     "isolation.level": "read_committed",

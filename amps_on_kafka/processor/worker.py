@@ -133,8 +133,6 @@ class Worker:
             check_topics(self.bootstrap, self.config)
             if self.rules:
                 ensure_dead_letter_topics(self.bootstrap, self.config)
-            for repartitioner in self.repartitioners:
-                repartitioner.start()
         except BaseException:
             self._lock.release()
             raise
@@ -192,8 +190,6 @@ class Worker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        for repartitioner in self.repartitioners:
-            repartitioner.stop(timeout)
         self.outage.close()
         self._lock.release()
 
@@ -217,6 +213,8 @@ class Worker:
             return
         consumer = self._group_consumer = self._consumer()
         try:
+            for repartitioner in self.repartitioners:
+                repartitioner.start()  # stopped with the loop, in the finally below
             consumer.subscribe(
                 list(self._logical),
                 on_assign=self._on_assign,
@@ -233,6 +231,8 @@ class Worker:
                 self._flush_due()
                 self._release_held()
         finally:
+            for repartitioner in self.repartitioners:
+                repartitioner.stop()
             consumer.close()  # revokes, which closes every store
             self._dead_letters.close()
             if self.queues is not None:

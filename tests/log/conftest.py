@@ -17,24 +17,27 @@ def client(bootstrap):
         yield connected
 
 
-def records_of(bootstrap: str, topic: str) -> list[Message]:
+def records_of(bootstrap: str, topic: str, committed_only: bool = False) -> list[Message]:
     """Every record now in the topic, read with an assigned consumer up to its end (by
-    position: a transaction's commit marker takes an offset but is no record)."""
+    position: a transaction's commit marker takes an offset but is no record); with
+    committed_only, as read_committed, without the records of aborted transactions."""
     ends = end_offsets(bootstrap, topic)
-    consumer = reader(bootstrap)
+    isolation = "read_committed" if committed_only else "read_uncommitted"
+    consumer = reader(bootstrap, **{"isolation.level": isolation})
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
         records: list[Message] = []
-        while any(tp.offset < ends[tp.partition] for tp in _positions(consumer, topic, ends)):
+        while _behind(consumer, topic, ends):
             batch = consume_available(consumer, 1000, timeout=10)
-            assert batch, f"{topic}: at {_positions(consumer, topic, ends)}, ends {ends}"
+            # Nothing read: only markers or aborted records were left, or it is stuck.
+            assert batch or not _behind(consumer, topic, ends), f"{topic}: stuck before {ends}"
             records.extend(r for r in batch if r.error() is None)
         return records
     finally:
         consumer.close()
 
 
-def _positions(consumer, topic: str, ends: dict[int, int]) -> list[TopicPartition]:
-    """Where the consumer is in each partition (0 before it read anything there)."""
+def _behind(consumer, topic: str, ends: dict[int, int]) -> bool:
+    """Whether the consumer is before the end of any partition (at -1001: nothing read)."""
     positions = consumer.position([TopicPartition(topic, p) for p in ends])
-    return [TopicPartition(topic, tp.partition, max(tp.offset, 0)) for tp in positions]
+    return any(tp.offset < ends[tp.partition] for tp in positions)

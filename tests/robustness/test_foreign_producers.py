@@ -9,18 +9,23 @@ it gets misplaced records refused by the worker (dead-lettered), never a key twi
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
+from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
 from amps_on_kafka.client import Client
-from amps_on_kafka.config import Config
+from amps_on_kafka.config import Config, load_config
 from amps_on_kafka.log.keys import partition_for
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.log.topics import repartition_topic
@@ -68,13 +73,14 @@ def sow_config(topic: str, partitioner: str) -> Config:
 
 @pytest.fixture
 def run_worker(bootstrap, tmp_path):
-    """run_worker(config) -> a ready Worker, stopped at the end of the test. Each one is
-    in the test's consumer group, with the test's state directory: a restart."""
+    """run_worker(config, group=None) -> a ready Worker, stopped at the end of the test.
+    Each one is in the test's consumer group unless told, with the test's state
+    directory: a second one is a restart."""
     started: list[Worker] = []
-    group = uuid.uuid4().hex
+    test_group = uuid.uuid4().hex
 
-    def start(config: Config) -> Worker:
-        worker = Worker(config, bootstrap, tmp_path / "state", group_id=group)
+    def start(config: Config, group: str | None = None) -> Worker:
+        worker = Worker(config, bootstrap, tmp_path / "state", group_id=group or test_group)
         worker.start()
         started.append(worker)
         worker.wait_ready(60)
@@ -148,13 +154,15 @@ def wait_for_sow(worker: Worker, topic: str, expected: dict, timeout: float = 60
         applied.clear()
 
 
+def repartitioned_doc(topic: str) -> dict:
+    return {
+        "Topics": [{"Name": topic, "Partitions": PARTITIONS}],
+        "SOW": [{"Topic": topic, "Key": "/id", "Repartition": True}],
+    }
+
+
 def repartitioned_config(topic: str) -> Config:
-    return Config.model_validate(
-        {
-            "Topics": [{"Name": topic, "Partitions": PARTITIONS}],
-            "SOW": [{"Topic": topic, "Key": "/id", "Repartition": True}],
-        }
-    )
+    return Config.model_validate(repartitioned_doc(topic))
 
 
 @pytest.fixture
@@ -197,3 +205,34 @@ def test_unkeyed_records_are_repartitioned_by_sow_key_exactly_once(
     for record in copies:
         if record.key() is not None:
             assert record.partition() == partition_for(record.key(), PARTITIONS)
+
+
+def test_a_repartitioner_killed_mid_stream_neither_loses_nor_doubles_a_record(
+    bootstrap, unkeyed_topic, run_worker, tmp_path
+):
+    """SIGKILL the worker while its repartitioner copies a stream kcat wrote; the
+    restarted one (same group, same state directory, so the same transactional id)
+    aborts what was open, and the committed copies hold every source record once."""
+    topic, count = unkeyed_topic, 15_000  # three transactions of BATCH_SIZE
+    kcat_produce(bootstrap, topic, [(None, {"id": i}) for i in range(count)])
+    config_file = tmp_path / "worker.yaml"
+    config_file.write_text(yaml.safe_dump(repartitioned_doc(topic)))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.sow.worker_process", str(config_file), bootstrap,
+         str(tmp_path / "state"), "crash"],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().startswith("applied")  # copying has begun
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    worker = run_worker(load_config(config_file), group="crash")  # the same group
+    wait_for_sow(worker, topic, {str(i): {"id": i} for i in range(count)}, timeout=120)
+    copies = records_of(bootstrap, repartition_topic(topic), committed_only=True)
+    sources = [dict(r.headers())[H_SOURCE_BOOKMARK] for r in copies]
+    assert len(sources) == len(set(sources)) == count
