@@ -24,7 +24,7 @@ def test_a_rebuilt_state_dir_serves_without_replaying(bootstrap, spark, history,
         assert snapshot(worker, history.topic, FILTER) == point.filtered
         assert worker.applied == 0
         refused = run_cli(bootstrap, *args, exit_code=1)
-        assert "stop the workers using it first" in refused
+        assert f"{state_dir} is in use by another worker or rebuild (PID " in refused
     finally:
         worker.stop()
     run_cli(bootstrap, *args)  # replaces the stores now that no worker holds them
