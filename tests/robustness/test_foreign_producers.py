@@ -31,6 +31,7 @@ from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.log.topics import repartition_topic
 from amps_on_kafka.processor.repartition import H_SOURCE_BOOKMARK
 from amps_on_kafka.processor.worker import Worker
+from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import delete_topics
 from tests.log.conftest import records_of
 from tests.sow.conftest import wait_caught_up
@@ -236,3 +237,26 @@ def test_a_repartitioner_killed_mid_stream_neither_loses_nor_doubles_a_record(
     copies = records_of(bootstrap, repartition_topic(topic), committed_only=True)
     sources = [dict(r.headers())[H_SOURCE_BOOKMARK] for r in copies]
     assert len(sources) == len(set(sources)) == count
+
+
+def test_the_gateway_counts_a_delete_by_filter_of_a_repartitioned_topic_exactly(
+    bootstrap, unkeyed_topic, run_worker
+):
+    """The processed ack of a delete by filter sums one result per internal partition:
+    the publisher writes one record per partition of _amps_repartition.<topic>."""
+    topic = unkeyed_topic
+    kcat_produce(bootstrap, topic, [(None, {"id": i}) for i in IDS])
+    worker = run_worker(repartitioned_config(topic))
+    wait_for_sow(worker, topic, {str(i): {"id": i} for i in IDS})
+    gateway = Gateway(worker.engine, bootstrap, listen="127.0.0.1:0")
+    try:
+        with Client(f"deleter-{uuid.uuid4().hex[:6]}") as client:
+            client.connect(f"tcp://{gateway.start()}/amps/json")
+            client.logon()
+            assert client.sow_delete(topic, filter="/id < 20").matches == 20
+            assert client.sow_delete(topic, keys=["25", "26"]).matches == 2
+            assert sorted(client.sow(topic), key=lambda r: int(r.sow_key))[0].sow_key == "20"
+    finally:
+        gateway.stop()
+    left = [i for i in IDS if i >= 20 and i not in (25, 26)]
+    assert sow_of(worker, topic) == {str(i): {"id": i} for i in left}
