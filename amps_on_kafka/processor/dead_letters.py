@@ -70,7 +70,8 @@ def ensure_dead_letter_topics(bootstrap: str, config: Config) -> None:
             if not sow.create_dead_letter_topic:
                 raise ConfigError(
                     f"SOW {sow.topic}: DeadLetterTopic {target!r} does not exist on Kafka; "
-                    "create it, or set CreateDeadLetterTopic: true"
+                    f"create it (amps-kafka topics create {target}), or set "
+                    "CreateDeadLetterTopic: true"
                 ) from None
             _create(admin, target)
 
