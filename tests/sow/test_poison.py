@@ -259,19 +259,6 @@ def test_a_sow_key_in_a_partition_where_it_does_not_belong_is_reported_and_dead_
         assert "belongs in partition" in header(letter, "reason")
 
 
-def test_the_client_puts_every_key_where_partition_for_says(bootstrap, topic_factory, publisher):
-    """The check must never refuse what our own publishers wrote (librdkafka's murmur2)."""
-    topic = topic_factory(5, key=("/id",))
-    keys = [str(i) for i in range(60)] + ["é", "キー", "a" * 70, '["x", 1]']
-    for key in keys:
-        publisher.publish(topic, {"id": key})
-    publisher.publish_flush(10)
-    with Replay(bootstrap, topic, "0", until="0|1|", max_idle=10) as log:
-        placed = [(m.sow_key, m.partition) for m in log if isinstance(m, LogMessage)]
-    assert sorted(k for k, _ in placed) == sorted(keys)  # type: ignore[type-var]
-    assert all(partition_for(k.encode(), 5) == p for k, p in placed), placed  # type: ignore[union-attr]
-
-
 def test_murmur2_is_kafkas():
     """Vectors from Kafka's UtilsTest.testMurmur2 (signed there)."""
     cases = {
