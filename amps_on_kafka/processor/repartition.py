@@ -106,7 +106,7 @@ class Repartitioner:
         self.failures = 0  # transactions aborted and retried since start
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._count = 0  # partitions of the internal topic
+        self._routes: Routes | None = None  # once the internal topic's count is known
         # After a failed transaction the consumer must go back to the committed offsets
         # before it reads on: committing positions past records never written loses them.
         self._rewind_due = False
@@ -149,9 +149,10 @@ class Repartitioner:
 
     def _forward(self, consumer: Consumer, producer: Producer, records: list[Message]) -> None:
         producer.begin_transaction()
-        self._count = self._count or len(partitions_of(consumer, self.target))
+        if self._routes is None:
+            self._routes = Routes(self.rules, len(partitions_of(consumer, self.target)))
         for record in records:
-            for partition, key, headers in self._copies(record):
+            for partition, key, headers in self._routes.copies(record):
                 self._produce(producer, record, partition, key, headers)
         positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
         producer.send_offsets_to_transaction(
@@ -213,50 +214,6 @@ class Repartitioner:
                 consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
         self._rewind_due = False
 
-    # -- routing ----------------------------------------------------------------------
-    def _copies(self, record: Message) -> Iterator[tuple[int, bytes | None, list]]:
-        """(partition, key, headers) of each copy of a source record."""
-        source = format_bookmark(record.topic(), record.partition(), record.offset())
-        headers = [*(record.headers() or []), (H_SOURCE_BOOKMARK, source.encode())]
-        message = LogMessage(
-            record.topic(), record.partition(), record.offset(), record.timestamp()[1],
-            record.value(), record.headers(), self.rules.codec,
-        )
-        try:
-            envelope = message.envelope
-            if envelope.command is Command.SOW_DELETE and envelope.filter is not None:
-                for partition in self._targets(headers):
-                    yield partition, None, headers
-                return
-            if envelope.command is Command.SOW_DELETE and envelope.sow_keys is not None:
-                yield from self._per_key(envelope.sow_keys, headers)
-                return
-            key = self.rules.key_of(message, envelope).encode()
-        except AmpsError:
-            yield 0, record.key(), headers  # the worker refuses it there, with its reason
-            return
-        yield partition_for(key, self._count), key, headers
-
-    def _targets(self, headers: list) -> range:
-        """The partitions a delete by filter goes to: the one our publisher named (it
-        writes one record per internal partition), else every one."""
-        named = dict(headers).get(H_TARGET_PARTITION)
-        try:
-            partition = int(named)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            partition = -1
-        if 0 <= partition < self._count:
-            return range(partition, partition + 1)
-        return range(self._count)
-
-    def _per_key(self, keys: tuple[str, ...], headers: list) -> Iterator[tuple[int, bytes, list]]:
-        """A delete by keys becomes one delete per key, each where its key lives (the
-        worker refuses a delete naming a key of another partition)."""
-        others = [(n, v) for n, v in headers if n != H_SOW_KEYS]
-        for key in dict.fromkeys(keys):
-            raw = key.encode()
-            yield partition_for(raw, self._count), raw, [*others, (H_SOW_KEYS, orjson.dumps([key]))]
-
     # -- clients ----------------------------------------------------------------------
     def _consumer(self) -> Consumer:
         return Consumer(
@@ -291,3 +248,66 @@ class Repartitioner:
         )
         producer.init_transactions(TRANSACTION_TIMEOUT)
         return producer
+
+
+Copy = tuple[int, bytes | None, list[tuple[str, bytes]]]  # partition, key, headers
+
+
+class Routes:
+    """Where the copies of a source record go among `count` internal partitions.
+
+    Every record gets at least one copy, so nothing is lost on the way: what can't be
+    keyed goes to partition 0 unchanged, for the worker to refuse with its reason.
+    """
+
+    def __init__(self, rules: SowRules, count: int) -> None:
+        self.rules = rules
+        self.count = count
+
+    def copies(self, record: Message) -> Iterator[Copy]:
+        """(partition, key, headers) of each copy of a source record."""
+        source = format_bookmark(record.topic(), record.partition(), record.offset())
+        headers = [*(record.headers() or []), (H_SOURCE_BOOKMARK, source.encode())]
+        message = LogMessage(
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            record.timestamp()[1],
+            record.value(),
+            record.headers(),
+            self.rules.codec,
+        )
+        try:
+            envelope = message.envelope
+            if envelope.command is Command.SOW_DELETE and envelope.filter is not None:
+                for partition in self._targets(headers):
+                    yield partition, None, headers
+                return
+            if envelope.command is Command.SOW_DELETE and envelope.sow_keys is not None:
+                yield from self._per_key(envelope.sow_keys, headers)
+                return
+            key = self.rules.key_of(message, envelope).encode()
+        except AmpsError:
+            yield 0, record.key(), headers  # the worker refuses it there, with its reason
+            return
+        yield partition_for(key, self.count), key, headers
+
+    def _targets(self, headers: list[tuple[str, bytes]]) -> range:
+        """The partitions a delete by filter goes to: the one our publisher named (it
+        writes one record per internal partition), else every one."""
+        named = dict(headers).get(H_TARGET_PARTITION)
+        try:
+            partition = int(named)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            partition = -1
+        if 0 <= partition < self.count:
+            return range(partition, partition + 1)
+        return range(self.count)
+
+    def _per_key(self, keys: tuple[str, ...], headers: list[tuple[str, bytes]]) -> Iterator[Copy]:
+        """A delete by keys becomes one delete per key, each where its key lives (the
+        worker refuses a delete naming a key of another partition)."""
+        others = [(n, v) for n, v in headers if n != H_SOW_KEYS]
+        for key in dict.fromkeys(keys):
+            raw = key.encode()
+            yield partition_for(raw, self.count), raw, [*others, (H_SOW_KEYS, orjson.dumps([key]))]

@@ -23,15 +23,20 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
+from hypothesis import given
+from hypothesis import strategies as st
 
 from amps_on_kafka.client import Client
-from amps_on_kafka.config import Config, load_config
-from amps_on_kafka.log.keys import partition_for
+from amps_on_kafka.config import Config, SowConfig, load_config
+from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.keys import key_text, partition_for
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.log.topics import repartition_topic
-from amps_on_kafka.processor.repartition import H_SOURCE_BOOKMARK
+from amps_on_kafka.processor.repartition import H_SOURCE_BOOKMARK, Routes
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.server.gateway import Gateway
+from amps_on_kafka.state.sow import SowRules
 from tests.conftest import delete_topics
 from tests.log.conftest import records_of
 from tests.sow.conftest import wait_caught_up
@@ -260,3 +265,91 @@ def test_the_gateway_counts_a_delete_by_filter_of_a_repartitioned_topic_exactly(
         gateway.stop()
     left = [i for i in IDS if i >= 20 and i not in (25, 26)]
     assert sow_of(worker, topic) == {str(i): {"id": i} for i in left}
+
+
+# -- where the repartitioner sends each record: a property over any record ----------------
+payloads = st.one_of(
+    st.builds(lambda i: orjson.dumps({"id": i}), st.integers(0, 50) | st.text(min_size=1)),
+    st.just(b'{"no_id": 1}'),
+    st.binary(max_size=8),
+    st.none(),
+)
+commands = st.one_of(
+    st.just([]),
+    st.just([("c", b"delta_publish")]),
+    st.just([("c", b"sow_delete")]),
+    st.builds(
+        lambda target: [("c", b"sow_delete"), ("f", b"/id > 1"), *target],
+        st.just([]) | st.builds(lambda n: [("rp", n)], st.binary(max_size=3)
+                                | st.integers(-2, 9).map(lambda n: str(n).encode())),
+    ),
+    st.builds(
+        lambda keys: [("c", b"sow_delete"), ("ks", orjson.dumps(keys))],
+        st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=5),
+    ),
+    st.builds(lambda junk: [("c", junk)], st.binary(max_size=6)),
+    st.builds(lambda junk: [("c", b"sow_delete"), ("ks", junk)], st.binary(max_size=6)),
+)
+records = st.builds(
+    lambda value, headers, key, where: Message(
+        topic="src", partition=where[0], offset=where[1], key=key, value=value,
+        headers=headers or None, timestamp=(TIMESTAMP_LOG_APPEND_TIME, 1_700_000_000_000),
+    ),
+    payloads,
+    commands,
+    st.none() | st.binary(max_size=6),
+    st.tuples(st.integers(0, 5), st.integers(0, 10**9)),
+)
+
+
+@given(record=records, count=st.integers(1, 8))
+def test_every_record_is_copied_where_its_key_lives_and_none_is_dropped(record, count):
+    """Repartition routing: each copy is in range and carries the source bookmark; a
+    keyed copy is where murmur2 puts its key; a delete by keys is one copy per key; a
+    delete by filter goes to the partition it names, else to all; what can't be keyed
+    goes to partition 0 unchanged, for the worker to refuse. No record has no copy."""
+    sow = SowConfig.model_validate({"Topic": "src", "Key": "/id"})
+    copies = list(Routes(SowRules(sow, JSON), count).copies(record))
+    source = f"src|{record.partition()}|{record.offset()}|".encode()
+    assert copies
+    for partition, key, headers in copies:
+        assert 0 <= partition < count and (H_SOURCE_BOOKMARK, source) in headers
+        if key is not None and key != record.key():
+            assert partition == partition_for(key, count)
+    raw = dict(record.headers() or [])
+    if raw.get("c") == b"sow_delete" and "f" in raw:
+        named = raw.get("rp", b"")
+        wanted = [int(named)] if named.isdigit() and int(named) < count else list(range(count))
+        assert [p for p, _, _ in copies] == wanted
+    elif raw.get("c") == b"sow_delete" and _key_list(raw.get("ks")) is not None:
+        keys = list(dict.fromkeys(_key_list(raw["ks"])))
+        assert [k for _, k, _ in copies] == [k.encode() for k in keys]
+        assert [dict(h)["ks"] for _, _, h in copies] == [orjson.dumps([k]) for k in keys]
+    else:
+        key = _sow_key(record, raw)
+        if key is None:  # to partition 0 as it is, for the worker to refuse
+            unchanged = [*(record.headers() or []), (H_SOURCE_BOOKMARK, source)]
+            assert copies == [(0, record.key(), unchanged)]
+        else:
+            assert [(p, k) for p, k, _ in copies] == [(partition_for(key, count), key)]
+
+
+def _sow_key(record: Message, headers: dict) -> bytes | None:
+    """The record's SOW key by Key /id, or None when it has none a worker would accept."""
+    if headers.get("c") not in (None, b"delta_publish", b"sow_delete") or "ks" in headers:
+        return None
+    try:
+        document = orjson.loads(record.value()) if record.value() is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    value = document.get("id") if isinstance(document, dict) else None
+    return None if value in (None, "") else key_text(value).encode()
+
+
+def _key_list(raw: bytes | None) -> list[str] | None:
+    try:
+        keys = orjson.loads(raw) if raw is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    ok = isinstance(keys, list) and all(isinstance(k, str) for k in keys)
+    return keys if ok else None
