@@ -38,6 +38,7 @@ def records_of(bootstrap: str, topic: str, committed_only: bool = False) -> list
 
 
 def _behind(consumer, topic: str, ends: dict[int, int]) -> bool:
-    """Whether the consumer is before the end of any partition (at -1001: nothing read)."""
-    positions = consumer.position([TopicPartition(topic, p) for p in ends])
+    """Whether the consumer is before the end of any partition that ever held a record
+    (its position is -1001 until it read something there)."""
+    positions = consumer.position([TopicPartition(topic, p) for p in ends if ends[p] > 0])
     return any(tp.offset < ends[tp.partition] for tp in positions)
