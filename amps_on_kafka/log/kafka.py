@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -194,14 +195,13 @@ class OutageWatch:
     its log through an outage while saying nothing about the recovery. Give ``error``
     as a client's ``error_cb``: the first _ALL_BROKERS_DOWN (a single broker gone is not
     an outage of a cluster) logs "Kafka unreachable at X since T: reason" and starts a
-    thread that asks the brokers for metadata until they answer, then logs "Kafka
-    reachable again after N s". Errors during the outage are counted, not logged.
+    thread that asks the brokers for metadata (each request waits at most a second)
+    until they answer, then logs "Kafka reachable again after N s". The errors
+    librdkafka reports meanwhile are not logged.
     """
 
-    def __init__(self, bootstrap: str, *, probe_every: float = 1.0) -> None:
+    def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
-        self.probe_every = probe_every
-        self.outages = 0  # outages seen since start
         self.down_since: float | None = None  # time.monotonic() of the current outage
         self._closed = threading.Event()
         self._lock = threading.Lock()
@@ -215,34 +215,34 @@ class OutageWatch:
             if self.down_since is not None or self._closed.is_set():
                 return
             self.down_since = time.monotonic()
-            self.outages += 1
+            log.warning(
+                "Kafka unreachable at %s since %s: %s",
+                self.bootstrap,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                error.str(),
+            )
             self._prober = threading.Thread(
                 target=self._await_recovery, name="amps-kafka-outage", daemon=True
             )
-        log.warning(
-            "Kafka unreachable at %s since %s: %s",
-            self.bootstrap,
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            error.str(),
-        )
-        self._prober.start()
+            self._prober.start()
 
     def close(self) -> None:
-        """Stop waiting for a recovery (the client is closing)."""
-        self._closed.set()
-        if self._prober is not None:
-            self._prober.join()
+        """Stop waiting for a recovery (the client is closing): within about a second."""
+        with self._lock:
+            self._closed.set()
+            prober = self._prober
+        if prober is not None:
+            prober.join()
 
     def _await_recovery(self) -> None:
-        from amps_on_kafka.broker.probe import answers  # broker/ builds on log/, not back
+        from amps_on_kafka.broker.probe import await_answer  # broker/ builds on log/
 
-        while not self._closed.is_set():
-            if answers(self.bootstrap, timeout=self.probe_every):
-                with self._lock:
-                    started, self.down_since = self.down_since, None
-                log.warning(
-                    "Kafka reachable again at %s after %.0f s",
-                    self.bootstrap,
-                    time.monotonic() - started,  # type: ignore[operator]
-                )
-                return
+        if not await_answer(self.bootstrap, math.inf, alive=lambda: not self._closed.is_set()):
+            return  # closed first
+        with self._lock:
+            started, self.down_since = self.down_since, None
+        log.warning(
+            "Kafka reachable again at %s after %.0f s",
+            self.bootstrap,
+            time.monotonic() - started,  # type: ignore[operator]
+        )
