@@ -9,6 +9,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -263,6 +264,24 @@ def test_a_second_worker_on_the_same_state_dir_is_one_line_naming_it_and_the_pid
     holder = f"(PID {first.process.pid})"
     assert f"state directory {state} is in use by another worker or rebuild {holder}" in line
     assert first.process.poll() is None  # the first one goes on
+
+
+def test_a_gateway_port_in_use_ends_the_worker_with_one_error_line(
+    bootstrap, topic_factory, tmp_path
+):
+    topic = topic_factory(1, key=("/id",))
+    config = write_config(tmp_path, sow_yaml(topic))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        code, _, stderr, _ = amps_kafka(
+            "worker", "--config", config, "--state-dir", str(tmp_path / "s"), "--listen", listen,
+            bootstrap=bootstrap,
+        )  # fmt: skip
+    assert code == 1 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith(f"Error: gateway can't listen on {listen}")
+    assert "revoked" in stderr  # the stores it had opened were closed
 
 
 def test_spark_rebuild_refuses_a_state_dir_a_worker_holds(bootstrap, worker, tmp_path):
