@@ -476,9 +476,7 @@ class QueueRuntime:
         self._admin = admin
         partitions = self._underlying(admin)
         if not partitions:
-            raise UnknownTopic(
-                f"queue {self.name}: no topic matches UnderlyingTopic {self.config.topic_pattern!r}"
-            )
+            raise UnknownTopic(f"no topic matches UnderlyingTopic {self.config.topic_pattern!r}")
         self.store = QueueStore(queue_store_path(self.engine.state_dir, self.name))
         stored = self.store.load(self._codecs.get)
         if stored is not None:
@@ -582,6 +580,9 @@ class QueueRuntime:
             self._loop(self._caught_up(watermarks(self._consumer, self.state.positions)))
             self.ready.set()
             self._loop(lambda: False)
+        except AmpsError as exc:  # a reason for the operator, which a traceback would bury
+            self.failure = exc.reason
+            log.error("queue %s failed: %s", self.name, exc.reason)
         except BaseException as exc:
             self.failure = str(exc)
             log.exception("queue %s failed", self.name)

@@ -24,7 +24,10 @@ from confluent_kafka import TopicPartition
 
 from amps_on_kafka.broker import LocalBroker
 from amps_on_kafka.broker.testing import free_ports
+from amps_on_kafka.config import load_config
+from amps_on_kafka.errors import TransportError
 from amps_on_kafka.log.kafka import reader
+from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.processor.startup import StateDirBusy, StateDirLock
 
 AMPS_KAFKA = str(Path(sys.executable).with_name("amps-kafka"))
@@ -176,6 +179,27 @@ def test_a_queue_whose_underlying_topic_matches_nothing_is_named_within_seconds(
     line = one_error_line(stderr)
     assert f"queue work: no topic matches UnderlyingTopic '{pattern}'" in line
     assert seconds < 15
+
+
+def test_a_queue_engine_over_nothing_fails_with_one_log_line_and_no_traceback(
+    bootstrap, tmp_path, caplog
+):
+    """A QueueEngine started without the worker's startup check (a library user, or a
+    topic deleted meanwhile) logged a traceback and said "queue work: queue work: ..."."""
+    pattern = f"nothing-{uuid.uuid4().hex[:8]}-.*"
+    config = load_config(
+        write_config(tmp_path, f"Queues:\n  - Name: work\n    UnderlyingTopic: {pattern}\n")
+    )
+    engine = QueueEngine(config, bootstrap, tmp_path / "state")
+    engine.start()
+    try:
+        with pytest.raises(TransportError) as caught:
+            engine.wait_ready(timeout=30)
+    finally:
+        engine.stop()
+    assert caught.value.reason == f"queue work: no topic matches UnderlyingTopic '{pattern}'"
+    failed = [r for r in caplog.records if "queue work failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is None
 
 
 def test_a_sow_topic_missing_from_kafka_is_named(bootstrap, tmp_path):
