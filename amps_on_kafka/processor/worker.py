@@ -56,7 +56,7 @@ from amps_on_kafka.processor.repartition import Repartitioner, consumed_topic
 from amps_on_kafka.processor.startup import StateDirLock, check_serves_something, check_topics
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
 from amps_on_kafka.state.record import NEVER, pack_record
-from amps_on_kafka.state.sow import Applied, DefaultSchedule, SowRules, fill_previous
+from amps_on_kafka.state.sow import Applied, ExpirySchedule, SowRules, fill_previous
 from amps_on_kafka.state.store import PartitionStore, Replacements, StateBatch, store_path
 
 log = logging.getLogger(__name__)
@@ -292,23 +292,25 @@ class Worker:
             rules.codec,
             self.config.state.write_buffer_bytes,
         )
-        rules.defaults[partition] = self._default_schedule(store, rules)
+        rules.schedules[partition] = self._expiry_schedule(store, rules)
         self._expire_store(store, rules)  # seed 000: expirations due at startup go first
         self.engine.attach(store)
         return store
 
-    def _default_schedule(self, store: PartitionStore, rules: SowRules) -> DefaultSchedule:
+    def _expiry_schedule(self, store: PartitionStore, rules: SowRules) -> ExpirySchedule:
         """Seed 000: a stored deadline is never recalculated. A crash makes the worker
-        apply again what it applied since the last flush, so the default a record gets
-        must not depend on the config of the run that applies it: a default that differs
-        from the one the store last recorded is in force only from the log's end as of
-        now, and the records before (even those written while no worker ran) keep the
-        old one. The store records it on disk before anything is applied."""
-        entries = store.expiration_defaults()
-        if not entries or entries[-1][1] != rules.default_ms:
+        apply again what it applied since the last flush, so how a record is applied
+        (its default deadline; whether the record it updates had expired) must not
+        depend on the config of the run that applies it: an expiration config that
+        differs from the one the store last recorded is in force only from the log's end
+        as of now, and the records before (even those written while no worker ran) keep
+        the old one. The store records it on disk before anything is applied."""
+        entries = store.expiry_history()
+        config = (rules.default_ms, rules.expiring)
+        if not entries or entries[-1][1:] != config:
             start = 0 if not entries else self._log_end(store, entries[-1][0])
-            entries = store.record_default(rules.default_ms, start)
-        return DefaultSchedule(tuple(entries))
+            entries = store.record_expiry(*config, start)
+        return ExpirySchedule(tuple(entries))
 
     def _log_end(self, store: PartitionStore, at_least: int) -> int:
         """Where the partition's log ends now (never before the store's offset or the
@@ -378,8 +380,8 @@ class Worker:
         """
         if not rules.blind_publishes or self.engine.wants_previous(rules.topic):
             return None
-        if rules.defaults[store.partition].has_default_from(records[0].offset()):
-            return None  # records from before a default was removed keep it
+        if rules.schedules[store.partition].expires_from(records[0].offset()):
+            return None  # records from before expiration was turned off keep it
         decode, key_of = rules.codec.decode, rules.keys
         staged = store.replacements()
         put, pairs = staged.put, staged.pairs

@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from operator import itemgetter
 from typing import Any, Protocol
 
@@ -64,30 +64,35 @@ class Applied:
     previous: bool = True
 
 
-@dataclass(frozen=True)
-class DefaultSchedule:
-    """A topic's default expiration (ms; None: no default) in one partition, as
-    (first offset, default) entries in rising offset order: a record takes the default
-    of the last entry at or before its offset (one before every entry takes the first).
+Expiry = tuple[int | None, bool]  # a topic's default expiration (ms or None), and whether on
 
-    The worker keeps it in each store (PartitionStore.expiration_defaults), so the
-    deadline of a record is a function of the log and the store, the same before and
-    after a crash (docs/operations.md, "A changed default expiration").
+
+@dataclass(frozen=True)
+class ExpirySchedule:
+    """A topic's expiration config (Expiry) in one partition, as (first offset, default
+    ms, expiring) entries in rising offset order: a record is applied with the entry at
+    or before its offset (one before every entry, with the first).
+
+    The worker keeps it in each store (PartitionStore.expiry_history), so what a record
+    gets (its deadline; whether the record it updates counts as expired) is a function
+    of the log and the store, the same before and after a crash (docs/operations.md,
+    "A changed default expiration").
     """
 
-    entries: tuple[tuple[int, int | None], ...]
+    entries: tuple[tuple[int, int | None, bool], ...]
 
-    def at(self, offset: int) -> int | None:
+    def at(self, offset: int) -> Expiry:
         entries = self.entries
         if len(entries) == 1:
-            return entries[0][1]
+            return entries[0][1:]
         index = bisect_right(entries, offset, key=itemgetter(0))
-        return entries[max(index - 1, 0)][1]
+        return entries[max(index - 1, 0)][1:]
 
-    def has_default_from(self, offset: int) -> bool:
-        """Whether any record at this offset or later takes a default deadline."""
-        later = (d for start, d in self.entries if start > offset)
-        return self.at(offset) is not None or any(d is not None for d in later)
+    def expires_from(self, offset: int) -> bool:
+        """Whether a record at this offset or later is applied with a default deadline
+        or with expiration on: then it can't be applied blind (Worker._replace_blind)."""
+        later = [entry[1:] for entry in self.entries if entry[0] > offset]
+        return any(d is not None or on for d, on in (self.at(offset), *later))
 
 
 class SowRules:
@@ -101,10 +106,10 @@ class SowRules:
         self.expiring = sow.expiration.mode != "disabled"
         default = sow.expiration.default_seconds
         self.default_ms = None if default is None else round(default * 1000)
-        # The default in force per partition, by offset, as the worker's stores recorded
-        # it (see DefaultSchedule); a partition without one (Spark, tests of the rules
-        # alone) takes the config's default for every record.
-        self.defaults: dict[int, DefaultSchedule] = {}
+        # The expiration config in force per partition, by offset, as the worker's stores
+        # recorded it (ExpirySchedule); a partition without one (Spark, tests of the rules
+        # alone) applies the config's to every record.
+        self.schedules: dict[int, ExpirySchedule] = {}
         # A plain publish then stores its payload under the key from its data, with no
         # deadline, whatever the old record was: the worker may apply such a batch
         # without reading anything (Worker._replace_blind).
@@ -118,7 +123,7 @@ class SowRules:
     def deadline(self, timestamp: int, expiration: float | None, default_ms: int | None) -> int:
         """The absolute deadline stored with a record, from its update's log timestamp.
 
-        The message's expiration overrides the topic default (`default_at`); 0 means
+        The message's expiration overrides the topic default (`expiry_at`); 0 means
         never. With expiration disabled the message's own expiration is still stored
         (and honoured if expiration is enabled later), but no topic default applies.
         """
@@ -135,12 +140,12 @@ class SowRules:
             )
         return deadline
 
-    def default_at(self, partition: int, offset: int) -> int | None:
-        """The topic default (ms) for the record at this offset: seed 000 stores a
-        deadline once, so a record the worker applies again after a crash must get the
-        default it got the first time, not the one of a config changed since."""
-        schedule = self.defaults.get(partition)
-        return self.default_ms if schedule is None else schedule.at(offset)
+    def expiry_at(self, partition: int, offset: int) -> Expiry:
+        """The default (ms) and expiration mode the record at this offset is applied
+        with: seed 000 stores a deadline once, so a record the worker applies again after
+        a crash must be applied as the first time, not by a config changed since."""
+        schedule = self.schedules.get(partition)
+        return (self.default_ms, self.expiring) if schedule is None else schedule.at(offset)
 
     def is_expired(self, record: SowRecord, at: int) -> bool:
         return self.expiring and record.expired_at(at)
@@ -224,11 +229,11 @@ class SowRules:
     def _upsert(self, state: State, message: LogMessage, envelope: Envelope, out: Applied) -> None:
         data = message.data
         key = self.key_of(message, envelope)
-        default = self.default_at(message.partition, message.offset)
+        default, expiring = self.expiry_at(message.partition, message.offset)
         deadline = self.deadline(message.timestamp, envelope.expiration, default)
         delta = envelope.command is Command.DELTA_PUBLISH
-        if out.previous or delta or self.expiring:
-            existing = self._live(state, key, message.timestamp, out)
+        if out.previous or delta or expiring:
+            existing = self._live(state, key, message.timestamp, out, expiring)
         else:
             existing = None
         payload = message.raw or b""
@@ -254,14 +259,17 @@ class SowRules:
             raise MessageError("delta_publish needs a document of fields on both sides")
         return self.codec.encode({**base, **delta})
 
-    def _live(self, state: State, key: str, at: int, out: Applied) -> SowRecord | None:
-        """The stored record, unless its deadline passed before `at` (then it expires now).
+    def _live(
+        self, state: State, key: str, at: int, out: Applied, expiring: bool
+    ) -> SowRecord | None:
+        """The stored record, unless `expiring` and its deadline passed before `at` (then
+        it expires now).
 
         This keeps the SOW a function of the log: a replay applies an update to an
         expired record exactly as the live worker did, whenever its sweep ran.
         """
         record = state.get(key)
-        if record is not None and self.is_expired(record, at):
+        if record is not None and expiring and record.expired_at(at):
             state.set(key, None)
             out.changes.append(Change(self.topic, key, ChangeKind.EXPIRE, record, None))
             return None
@@ -277,18 +285,24 @@ class SowRules:
     def _victims(
         self, state: State, message: LogMessage, envelope: Envelope, out: Applied
     ) -> list[SowRecord]:
-        at = message.timestamp
+        live = partial(
+            self._live,
+            state,
+            at=message.timestamp,
+            out=out,
+            expiring=self.expiry_at(message.partition, message.offset)[1],
+        )
         if envelope.filter is not None:
             matcher = _compiled(envelope.filter)
             candidates = [r for r in state.current() if _matches(matcher, r)]
-            return [r for r in candidates if self._live(state, r.sow_key, at, out) is not None]
+            return [r for r in candidates if live(r.sow_key) is not None]
         if envelope.sow_keys is not None:
             keys = envelope.sow_keys
             for key in keys:
                 self.check_placement(key, message.partition)
         else:
             keys = (self.key_of(message, envelope),)
-        return [r for r in (self._live(state, k, at, out) for k in keys) if r is not None]
+        return [r for r in map(live, keys) if r is not None]
 
 
 def fill_previous(changes: list[Change], stored: Callable[[str], SowRecord | None]) -> None:
@@ -317,7 +331,7 @@ def _matches(matcher: Filter, record: SowRecord) -> bool:
 def _envelope_or_blank(message: LogMessage) -> Envelope:
     try:
         return message.envelope
-    except MessageError:
+    except Exception:  # a refusal must still be reported, whatever the headers are
         return Envelope()
 
 

@@ -2,7 +2,7 @@
 
 Column families: `sow` (sow key → record), `expiry` (deadline + sow key → nothing, so a
 sweep reads only what is due, in deadline order) and `meta` (the next offset to consume,
-and from which offset each topic default expiration is in force: expiration_defaults).
+and from which offset each expiration config is in force: expiry_history).
 State and offset are written in ONE WriteBatch, so the store always holds exactly the
 effect of the records before its offset, and the worker resumes there with no loss and
 no double-applied delta.
@@ -32,9 +32,9 @@ from amps_on_kafka.state.record import NEVER, SowRecord
 
 COLUMN_FAMILIES = ("sow", "expiry", "meta")
 _OFFSET_KEY = b"next_offset"
-_DEFAULTS_KEY = b"expiration_defaults"
-_DEFAULT_ENTRY = struct.Struct(">qq")  # from offset, default in ms (-1: none)
-Defaults = list[tuple[int, int | None]]  # (from offset, default expiration in ms or None)
+_EXPIRY_KEY = b"expiry_history"
+_EXPIRY_ENTRY = struct.Struct(">qq?")  # from offset, default in ms (-1: none), expiring
+History = list[tuple[int, int | None, bool]]  # (from offset, default ms or None, expiring)
 _UNREAD = object()
 _DEADLINE = struct.Struct(">q")
 
@@ -189,31 +189,33 @@ class PartitionStore:
         raw = self._meta.get(_OFFSET_KEY)
         return None if raw is None else _DEADLINE.unpack(raw)[0]
 
-    def expiration_defaults(self) -> Defaults:
-        """The topic default expiration in force, (from offset, ms or None), oldest first:
-        what SowRules.default_at reads (a DefaultSchedule); empty for a new store."""
-        raw = self._meta.get(_DEFAULTS_KEY)
+    def expiry_history(self) -> History:
+        """The expiration config in force, (from offset, default ms or None, expiring),
+        oldest first: what SowRules.expiry_at reads (an ExpirySchedule); empty for a new
+        store."""
+        raw = self._meta.get(_EXPIRY_KEY)
         if raw is None:
             return []
-        return [(o, None if ms < 0 else ms) for o, ms in _DEFAULT_ENTRY.iter_unpack(raw)]
+        return [(o, None if ms < 0 else ms, on) for o, ms, on in _EXPIRY_ENTRY.iter_unpack(raw)]
 
-    def record_default(self, default_ms: int | None, from_offset: int) -> Defaults:
+    def record_expiry(self, default_ms: int | None, expiring: bool, from_offset: int) -> History:
         """Put on disk, before anything is applied with it, that the records from this
-        offset on take this default: the store has no write-ahead log, and a default
-        lost in a crash would let the records before the boundary take the new one.
+        offset on are applied with this default and mode: the store has no write-ahead
+        log, and a change lost in a crash would let the records before the boundary be
+        applied with the new config.
 
         Entries no record will be applied with again are dropped: those that end at or
         before the stored next offset (a crash resumes there at the earliest). So the
         list holds at most the changes made since the last flush, plus one.
         """
-        entries = [e for e in self.expiration_defaults() if e[0] < from_offset]
-        entries.append((from_offset, default_ms))
+        entries = [e for e in self.expiry_history() if e[0] < from_offset]
+        entries.append((from_offset, default_ms, expiring))
         resume = self.next_offset() or 0
         while len(entries) > 1 and entries[1][0] <= resume:
             del entries[0]
-        raw = b"".join(_DEFAULT_ENTRY.pack(o, -1 if d is None else d) for o, d in entries)
+        raw = b"".join(_EXPIRY_ENTRY.pack(o, -1 if d is None else d, on) for o, d, on in entries)
         writes = WriteBatch(raw_mode=True)
-        writes.put(_DEFAULTS_KEY, raw, self._handles["meta"])
+        writes.put(_EXPIRY_KEY, raw, self._handles["meta"])
         self._db.write(writes, _NO_WAL)
         self._unflushed = True
         self.flush()

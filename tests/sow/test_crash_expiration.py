@@ -1,4 +1,4 @@
-"""Defect 8: a crash must not recompute stored deadlines (seed 000).
+"""Defect 8: a crash must not recompute stored deadlines, nor change how expiration applies.
 
 Seed 000: a record's deadline is stored and "not recalculated when the instance is
 restarted or when the defaults on the SOW topic change". The stores keep no write-ahead
@@ -16,13 +16,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from amps_on_kafka.config import load_config
-from amps_on_kafka.state.sow import DefaultSchedule
+from amps_on_kafka.state.sow import ExpirySchedule
 from amps_on_kafka.state.store import PartitionStore
 from tests.sow.conftest import wait_caught_up
 
@@ -39,22 +40,33 @@ def write_config(path: Path, topic: str, expiration: str) -> Path:
     return path
 
 
-def kill_once_applied(config: Path, bootstrap: str, state: Path, records: int) -> int:
+# A worker in its own process that prints, after each batch it writes, how many records
+# its stores hold the effect of (their next offsets: the stores start empty).
+CHILD = """
+import sys
+from amps_on_kafka.config import load_config
+from amps_on_kafka.processor.worker import Worker
+config, bootstrap, state, topic = sys.argv[1:5]
+worker = Worker(load_config(config), bootstrap, state, group_id="crash-expiration")
+done = lambda _: print(sum(o or 0 for o in worker.next_offsets(topic).values()), flush=True)
+worker.engine.add_listener(done)
+worker.run()
+"""
+
+
+def kill_once_applied(config: Path, bootstrap: str, state: Path, topic: str, records: int) -> int:
     """Run a worker in its own process until it has applied `records`, then SIGKILL it.
     Returns what it had applied; a worker that never gets there is killed after 60 s."""
-    args = [str(config), bootstrap, str(state), "crash-expiration"]
+    args = [str(config), bootstrap, str(state), topic]
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.sow.worker_process", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-c", CHILD, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     watchdog = threading.Timer(60, process.kill)
     watchdog.start()
     applied = 0
     try:
         for line in process.stdout:  # type: ignore[union-attr]
-            applied = int(line.split()[1])
+            applied = int(line)
             if applied >= records:
                 break
         os.kill(process.pid, signal.SIGKILL)
@@ -79,7 +91,7 @@ def test_sigkill_then_a_changed_default_keeps_the_deadlines_of_records_already_i
     publisher.publish(topic, {"id": 1})
     publisher.publish_flush(30)
     old = write_config(tmp_path / "old.yaml", topic, before)
-    assert kill_once_applied(old, bootstrap, state, 1) == 1
+    assert kill_once_applied(old, bootstrap, state, topic, 1) == 1
     publisher.publish(topic, {"id": 2})  # reaches Kafka while no worker runs
     publisher.publish_flush(30)
 
@@ -97,19 +109,54 @@ def test_sigkill_then_a_changed_default_keeps_the_deadlines_of_records_already_i
     assert restarted.applied == 3  # record 1 was applied again: the kill lost it
 
 
-def test_a_default_change_is_on_disk_before_anything_is_applied_with_it(tmp_path):
+def test_sigkill_then_expiration_disabled_keeps_how_records_already_in_the_log_apply(
+    bootstrap, topic_factory, publisher, start_worker, tmp_path
+):
+    """The same for the mode: with expiration enabled, a delta after its record's
+    deadline starts a new record; applied again after a kill under `disabled`, it must
+    still find that record expired rather than merge into it. Records that reach Kafka
+    after the restart are applied with expiration off (seed 000: not processed)."""
+    topic = topic_factory(1, key=("/id",))
+    state = tmp_path / "state"
+
+    def expired_then_delta(key: int) -> None:
+        publisher.publish(topic, {"id": key, "a": 1}, expiration=0.001)
+        publisher.publish_flush(30)
+        time.sleep(0.01)  # not a wait for an event: the delta's LogAppendTime comes later
+        publisher.delta_publish(topic, {"id": key, "b": 2})
+        publisher.publish_flush(30)
+
+    expired_then_delta(1)
+    old = write_config(tmp_path / "old.yaml", topic, "enabled")
+    assert kill_once_applied(old, bootstrap, state, topic, 2) == 2
+
+    new = load_config(write_config(tmp_path / "new.yaml", topic, "disabled"))
+    restarted = start_worker(new, state, clock=lambda: 0)
+    wait_caught_up(restarted, bootstrap, topic, 1)
+    expired_then_delta(2)
+    wait_caught_up(restarted, bootstrap, topic, 1)
+
+    store = restarted.engine.store(topic, 0)
+    assert {r.sow_key: r.data for r in store.scan()} == {
+        "1": {"id": 1, "b": 2},  # as the killed worker applied it: a new record
+        "2": {"id": 2, "a": 1, "b": 2},  # expiration off: merged
+    }
+    assert restarted.applied == 4  # records 1 and 2 were applied again
+
+
+def test_an_expiration_change_is_on_disk_before_anything_is_applied_with_it(tmp_path):
     """The store records each change durably at once (it has no write-ahead log): the
     entries survive a close without flush elsewhere, the boundaries only rise, and a
     change at the same boundary replaces the one before it."""
     store = PartitionStore(tmp_path / "s", "t", 0)
-    assert store.expiration_defaults() == []
-    store.record_default(30_000, 0)
-    store.record_default(2_000, 10)
-    assert store.record_default(None, 10) == [(0, 30_000), (10, None)]
+    assert store.expiry_history() == []
+    store.record_expiry(30_000, True, 0)
+    store.record_expiry(2_000, True, 10)
+    assert store.record_expiry(None, False, 10) == [(0, 30_000, True), (10, None, False)]
     store.close()
     reopened = PartitionStore(tmp_path / "s", "t", 0)
     try:
-        assert reopened.expiration_defaults() == [(0, 30_000), (10, None)]
+        assert reopened.expiry_history() == [(0, 30_000, True), (10, None, False)]
     finally:
         reopened.close()
 
@@ -119,18 +166,17 @@ def test_defaults_no_record_will_be_applied_with_again_are_dropped(tmp_path):
     before it are never read again, so the list stays as short as the changes since."""
     store = PartitionStore(tmp_path / "s", "t", 0)
     try:
-        store.record_default(1_000, 0)
-        store.record_default(2_000, 5)
-        batch_end = store.replacements()
-        store.write_replacements(batch_end, 8)  # the store holds everything before 8
-        assert store.record_default(3_000, 9) == [(5, 2_000), (9, 3_000)]
+        store.record_expiry(1_000, True, 0)
+        store.record_expiry(2_000, True, 5)
+        store.write_replacements(store.replacements(), 8)  # it holds everything before 8
+        assert store.record_expiry(3_000, True, 9) == [(5, 2_000, True), (9, 3_000, True)]
     finally:
         store.close()
 
 
-def test_a_record_takes_the_default_of_the_last_boundary_at_or_before_it():
-    schedule = DefaultSchedule(((0, 30_000), (10, None), (20, 5_000)))
-    assert [schedule.at(o) for o in (0, 9, 10, 19, 20, 99)] == [
+def test_a_record_is_applied_with_the_last_entry_at_or_before_it():
+    schedule = ExpirySchedule(((0, 30_000, True), (10, None, False), (20, 5_000, True)))
+    assert [schedule.at(o)[0] for o in (0, 9, 10, 19, 20, 99)] == [
         30_000,
         30_000,
         None,
@@ -138,5 +184,7 @@ def test_a_record_takes_the_default_of_the_last_boundary_at_or_before_it():
         5_000,
         5_000,
     ]
-    assert schedule.has_default_from(10)  # the records from 20 on take one
-    assert not DefaultSchedule(((0, 30_000), (10, None))).has_default_from(10)
+    assert schedule.at(15) == (None, False)
+    assert schedule.expires_from(10)  # the records from 20 on expire
+    assert not ExpirySchedule(((0, 30_000, True), (10, None, False))).expires_from(10)
+    assert ExpirySchedule(((0, None, True), (10, None, False))).expires_from(9)
