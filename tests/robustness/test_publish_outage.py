@@ -1,0 +1,145 @@
+"""Issue 13, defect 5: Kafka stopped and restarted under a publish storm through the gateway.
+
+The test runs its own LocalBroker (the shared one is never stopped). A client publishes
+as fast as the gateway lets it, each publish asking for a `persisted` ack; the broker is
+stopped until publishes start failing, then started again. Afterwards:
+- every publish got exactly one persisted ack: a success, or a failure naming the cause
+  ("Kafka did not acknowledge within 3s: ..."); none was silently dropped;
+- every publish acknowledged as persisted is in the topic, read back from Kafka;
+- the worker's publishes in flight never exceeded its PublishBudget, and the budget is
+  empty again once the storm is over (the memory of the outage is returned).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from amps_on_kafka.broker.local import LocalBroker
+from amps_on_kafka.broker.testing import free_ports
+from amps_on_kafka.config import Config
+from amps_on_kafka.config.model import GatewayConfig
+from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.server.frames import BadFrame, FrameDecoder, encode_frame
+from amps_on_kafka.server.gateway import Gateway
+from tests.conftest import create_topic
+
+TOPIC = "outage-storm"
+TIMEOUT = 3.0  # the gateway's PublishTimeout
+BUDGET = 300  # its MaxPublishesInFlight
+WAIT = 120.0
+
+
+@pytest.fixture
+def broker() -> Iterator[LocalBroker]:
+    data_dir = Path(tempfile.mkdtemp(prefix="amps-outage-"))
+    port, controller_port = free_ports(2)
+    local = LocalBroker(data_dir, port=port, controller_port=controller_port)
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+class Storm:
+    """One connection publishing without pause, and a reader collecting persisted acks."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=WAIT)
+        self.sent = 0
+        self.acks: list[dict] = []
+        self.changed = threading.Condition()
+        self.stop = threading.Event()
+        self.flushed = threading.Event()
+        self._decoder = FrameDecoder(1 << 30)
+
+    def run(self) -> None:
+        self.sock.sendall(encode_frame({"c": "logon", "cid": "logon", "client_name": "storm"}))
+        reader = threading.Thread(target=self._read, daemon=True)
+        reader.start()
+        while not self.stop.is_set():  # sendall blocks while the gateway holds us back
+            burst = b"".join(self._publish(self.sent + n) for n in range(50))
+            self.sock.sendall(burst)
+            self.sent += 50
+        self.sock.sendall(encode_frame({"c": "flush", "cid": "flush", "a": "processed"}))
+
+    def _publish(self, number: int) -> bytes:
+        header = {"c": "publish", "cid": str(number), "t": TOPIC, "a": "persisted"}
+        return encode_frame(header, orjson.dumps({"id": number}))
+
+    def _read(self) -> None:
+        while data := self.sock.recv(1 << 16):
+            for frame in self._decoder.feed(data):
+                assert not isinstance(frame, BadFrame)
+                if frame.header.get("cid") == "flush":
+                    self.flushed.set()
+                elif frame.header.get("a") == "persisted":
+                    with self.changed:
+                        self.acks.append(frame.header)
+                        self.changed.notify_all()
+
+    def wait_for(self, what: str, test) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: test(self.acks), WAIT), f"no {what} in time"
+
+    def successes(self) -> int:
+        return sum(1 for a in self.acks if a["status"] == "success")
+
+
+def in_flight(gateway: Gateway) -> int:
+    async def read() -> int:
+        return gateway.budget.commands
+
+    return asyncio.run_coroutine_threadsafe(read(), gateway.loop).result(10)
+
+
+def test_a_broker_outage_under_a_publish_storm_loses_nothing_acknowledged(broker):
+    bootstrap = broker.start()
+    create_topic(bootstrap, TopicSpec(TOPIC, 1, key=("/id",)))
+    settings = GatewayConfig(publish_timeout=TIMEOUT, max_publishes_in_flight=BUDGET)
+    engine = SowEngine(Config(), {}, now_ms)
+    with Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway:
+        storm = Storm(gateway.address)  # type: ignore[arg-type]
+        sender = threading.Thread(target=storm.run, daemon=True)
+        sender.start()
+        storm.wait_for("publishes persisted", lambda acks: len(acks) >= 1000)
+
+        broker.stop()
+        before = storm.successes()
+        storm.wait_for("failure", lambda acks: any(a["status"] == "failure" for a in acks))
+        peak = max(in_flight(gateway) for _ in range(20))
+        assert peak <= BUDGET
+        broker.start()
+        storm.wait_for("recovery", lambda acks: storm.successes() > before + 1000)
+
+        storm.stop.set()
+        assert storm.flushed.wait(WAIT), "the flush after the storm was not answered"
+        sender.join(WAIT)
+        assert in_flight(gateway) == 0  # the outage's publishes are all accounted for
+
+    answers = Counter(a["cid"] for a in storm.acks)
+    assert sorted(int(cid) for cid in answers) == list(range(storm.sent)), "a publish got no ack"
+    assert set(answers.values()) == {1}, "a publish was answered twice"
+    failures = [a for a in storm.acks if a["status"] == "failure"]
+    assert failures
+    for failure in failures:
+        assert failure["reason"].startswith(f"Kafka did not acknowledge within {TIMEOUT:g}s: ")
+    persisted = {int(a["cid"]) for a in storm.acks if a["status"] == "success"}
+    with Replay(bootstrap, TOPIC, "0", until="0|1|") as log:
+        in_kafka = {orjson.loads(m.raw)["id"] for m in log if getattr(m, "raw", None)}
+    assert persisted <= in_kafka, f"{len(persisted - in_kafka)} acknowledged publishes lost"
