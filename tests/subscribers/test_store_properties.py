@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from amps_on_kafka import EPOCH
 from amps_on_kafka.client import LoggedBookmarkStore, MemoryBookmarkStore, RingBookmarkStore
+from amps_on_kafka.client.bookmark_store import KEY_SPACE, SLOT_SIZE
 from amps_on_kafka.client.mapped_file import DamagedFile, unseal
 from amps_on_kafka.client.publish_store import FilePublishStore, StoredPublish
 from amps_on_kafka.log.bookmarks import format_bookmark
@@ -313,3 +314,42 @@ def entries_in(content: bytes, low: int, high: int) -> set[int]:
             hit.add(orjson.loads(unseal(line)[2:])["s"])
         start += len(line) + 1
     return hit
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    points=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    steps=st.integers(1, 4),
+    data=st.data(),
+)
+def test_defect_9_a_damaged_ring_store_is_refused_or_never_ahead_of_its_recovery_points(
+    points, steps, data
+):
+    """A flipped byte anywhere in a ring store's slots: the store refuses the file, or
+    each subscription's recovery point is the one it had, or (a cell hit) the one
+    before it - never one it did not reach, and never another slot's."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "store.ring")
+        with RingBookmarkStore(path) as store:
+            for number, point in enumerate(points):
+                sub = store.subscription(f"sub-{number}")
+                for offset in range(point + steps):
+                    sub.log(record(offset))
+                for offset in range(point + 1):
+                    sub.discard(record(offset))
+        content = path.read_bytes()
+        at = data.draw(st.integers(len(b"AMPS-KAFKA RING 2\n"), len(content) - 1))
+        flip = data.draw(st.integers(1, 255))
+        path.write_bytes(content[:at] + bytes([content[at] ^ flip]) + content[at + 1 :])
+        try:
+            reopened = RingBookmarkStore(path)
+        except DamagedFile:
+            return
+        with reopened:
+            for number, point in enumerate(points):
+                mark = reopened.get_most_recent(f"sub-{number}")
+                recovered = -1 if mark == EPOCH else int(mark.split("|")[2])
+                assert recovered in (point, point - 1)
+                if recovered != point:  # only a cell of that very slot was hit
+                    slot = content.index(f'["sub-{number}"'.encode()) - 8
+                    assert slot + 8 + KEY_SPACE <= at < slot + SLOT_SIZE
