@@ -6,6 +6,7 @@ has caught up with the controller: exactly what a client needs before it can wor
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,24 @@ _PROBE_CONFIG = {
     "reconnect.backoff.ms": 100,
     "reconnect.backoff.max.ms": 500,
 }
+
+
+def refused(bootstrap: str, timeout: float = 1.0) -> bool:
+    """Whether every address of ``bootstrap`` refuses a TCP connection: nothing listens
+    there now, which a command can say at once instead of after librdkafka's retries.
+    An address that can't be resolved, doesn't answer within ``timeout`` or isn't a
+    plain HOST:PORT is not "refused": the metadata request (answers) has the last word.
+    """
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return False
+        except ConnectionRefusedError:
+            continue
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 def answers(bootstrap: str, timeout: float = 2.0) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ import click
 from confluent_kafka import KafkaError, KafkaException
 
 from amps_on_kafka.broker import resolve_bootstrap
-from amps_on_kafka.broker.probe import answers
+from amps_on_kafka.broker.probe import answers, refused
 from amps_on_kafka.errors import AmpsError, TransportError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,17 +40,22 @@ bootstrap_option = click.option(
 def kafka(bootstrap: str | None) -> str:
     """The embedded default: explicit, environment, or the local broker (started if needed).
 
-    A broker that doesn't answer within PROBE_TIMEOUT is a TransportError naming the
-    address, before the command builds any client of its own.
+    A broker that refuses the connection, or doesn't answer within PROBE_TIMEOUT, is a
+    TransportError naming the address, before the command builds any client of its own.
     """
     servers = resolve_bootstrap(bootstrap, echo=lambda line: click.echo(line, err=True))
-    if not answers(servers, timeout=PROBE_TIMEOUT):
-        raise TransportError(
-            f"no Kafka broker answers at {servers} (waited {PROBE_TIMEOUT:.0f} s): start one "
-            "(amps-kafka broker start) or fix --bootstrap, $KAFKA_BOOTSTRAP_SERVERS or the "
-            "config's Kafka.BootstrapServers"
-        )
-    return servers
+    deadline = time.monotonic() + PROBE_TIMEOUT
+    if refused(servers):
+        why = "connection refused"
+    elif not answers(servers, timeout=deadline - time.monotonic()):
+        why = f"waited {PROBE_TIMEOUT:.0f} s"
+    else:
+        return servers
+    raise TransportError(
+        f"no Kafka broker answers at {servers} ({why}): start one (amps-kafka broker "
+        "start) or fix --bootstrap, $KAFKA_BOOTSTRAP_SERVERS or the config's "
+        "Kafka.BootstrapServers"
+    )
 
 
 def cli_client_name(role: str) -> str:

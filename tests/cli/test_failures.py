@@ -24,6 +24,7 @@ from confluent_kafka import TopicPartition
 
 from amps_on_kafka.broker import LocalBroker
 from amps_on_kafka.broker.testing import free_ports
+from amps_on_kafka.cli.common import PROBE_TIMEOUT
 from amps_on_kafka.config import load_config
 from amps_on_kafka.errors import TransportError
 from amps_on_kafka.log.kafka import reader
@@ -233,8 +234,22 @@ def test_an_unreachable_broker_is_one_line_naming_it_within_5_s(tmp_path, comman
     args = [part.replace("{config}", config) for part in command]
     code, _, stderr, seconds = amps_kafka(*args, "--bootstrap", address)
     assert code == 1
-    assert f"no Kafka broker answers at {address}" in one_error_line(stderr)
+    assert f"no Kafka broker answers at {address} (connection refused)" in one_error_line(stderr)
     assert seconds < 5.0
+
+
+def test_a_listener_that_never_answers_is_given_up_after_the_probe_timeout(tmp_path):
+    """Something accepts the connection but never answers Kafka's protocol (a wrong port,
+    a proxy): the metadata probe gives up after PROBE_TIMEOUT, not librdkafka's 10-20 s."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        code, _, stderr, seconds = amps_kafka("topics", "list", "--bootstrap", address)
+    assert code == 1
+    line = one_error_line(stderr)
+    assert f"no Kafka broker answers at {address} (waited {PROBE_TIMEOUT:.0f} s)" in line
+    assert PROBE_TIMEOUT <= seconds < PROBE_TIMEOUT + 10  # + the interpreter's start
 
 
 def test_librdkafka_lines_go_to_python_logging_at_debug_not_to_stderr(capfd, caplog):
