@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,7 +32,8 @@ from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.processor.startup import StateDirBusy, StateDirLock
 
-AMPS_KAFKA = str(Path(sys.executable).with_name("amps-kafka"))
+# The console script installed beside this interpreter (the venv's), else on PATH.
+AMPS_KAFKA = shutil.which("amps-kafka", path=str(Path(sys.executable).parent)) or "amps-kafka"
 READY_TIMEOUT = 90.0  # a worker on a busy CI machine: recovering its stores, joining the group
 
 
@@ -105,9 +107,11 @@ class Running:
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
             try:
-                line = self._lines.get(timeout=remaining)
+                line = self._lines.get(timeout=min(remaining, 0.5))
             except queue.Empty:
-                break
+                if self._pumps[0].is_alive():
+                    continue
+                break  # stderr closed: the command has ended
             self.stderr.append(line)
             if text in line:
                 return line
