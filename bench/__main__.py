@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["log", "filters", "sow", "gateway", "queues", "stores", "spark"]
+BENCHMARKS = ["log", "filters", "sow", "gateway", "queues", "stores", "spark", "robustness"]
 
 
 def main() -> None:

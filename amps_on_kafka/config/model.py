@@ -136,9 +136,9 @@ class GatewayConfig(_Strict):
     max_queued_bytes: int = Field(64 * 1024 * 1024, alias="MaxQueuedBytes", ge=64 * 1024)
     max_commands_in_flight: int = Field(16, alias="MaxCommandsInFlight", ge=1)
     max_publish_bytes_in_flight: int = Field(
-        64 * 1024 * 1024, alias="MaxPublishBytesInFlight", ge=64 * 1024
+        32 * 1024 * 1024, alias="MaxPublishBytesInFlight", ge=64 * 1024
     )
-    max_publishes_in_flight: int = Field(100_000, alias="MaxPublishesInFlight", ge=1)
+    max_publishes_in_flight: int = Field(10_000, alias="MaxPublishesInFlight", ge=1)
     publish_timeout: Seconds = Field(30.0, alias="PublishTimeout", gt=0)
 
     _check_listen = field_validator("listen")(check_listen)

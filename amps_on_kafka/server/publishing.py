@@ -206,11 +206,19 @@ class Writes:
         self._known: set[str] = set()
 
     async def spec(self, topic: str) -> TopicSpec:
-        """The topic's spec; the first lookup reads Kafka, so it runs off the loop."""
-        if topic not in self._known:
-            await self.session.gateway.blocking(self.publisher.spec, topic)
+        """The topic's spec, with its partition count fresh: both read Kafka now and then
+        (the first time, and the count every PARTITION_COUNT_TTL), so that runs off the
+        loop — while Kafka was down, a count read on the loop froze every client for 10 s."""
+        publisher = self.publisher
+        if topic not in self._known or publisher.partition_count_due(topic):
+            await self.session.gateway.blocking(self._look_up, topic)
             self._known.add(topic)
-        return self.publisher.spec(topic)
+        return publisher.spec(topic)
+
+    def _look_up(self, topic: str) -> None:
+        spec = self.publisher.spec(topic)
+        if (spec.key or spec.key_from_publish) and not spec.repartition:  # keys are placed
+            self.publisher.partition_count(spec.name)
 
     async def begin(self, request: Request) -> PendingWrite:
         """Wait for room in the worker's PublishBudget, then number the command."""

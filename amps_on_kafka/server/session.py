@@ -73,7 +73,10 @@ class Session:
         self.closed = False
         self._writes: Writes | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._read_deadline: float | None = time.monotonic() + gateway.settings.read_timeout
+        # Seconds left to wait for the client to finish the frame it began (or to log on).
+        # Only time spent waiting for its bytes counts: not the time this session held
+        # its own reading back (budget, commands in flight, draining).
+        self._patience = gateway.settings.read_timeout
 
     def __repr__(self) -> str:
         return f"Session({self.client_name or '?'}@{self.peer})"
@@ -85,11 +88,13 @@ class Session:
                 data = await self._read()
                 if not data:
                     break
-                for event in self.decoder.feed(data):
+                events = self.decoder.feed(data)
+                if events and self.client_name is not None:
+                    self._patience = self.gateway.settings.read_timeout  # a new frame's turn
+                for event in events:
                     if self.closed:
                         break
                     await self._handle(event)
-                self._watch_reads()
                 await self.drain()  # replies before more requests: the client's pace
         except ConnectionError:
             pass
@@ -99,25 +104,18 @@ class Session:
             self.close()
 
     async def _read(self) -> bytes:
-        """The next bytes; b"" at the end, or once ReadTimeout has passed on a frame
-        begun and not finished, or on a connection not logged on."""
-        if self._read_deadline is None:
+        """The next bytes; b"" at the end, or once the client has been waited for
+        ReadTimeout in all on a frame it began, or on a connection not logged on."""
+        if not (self.decoder.partial or self.client_name is None):
             return await self.reader.read(READ_SIZE)
+        started = time.monotonic()
         try:
-            return await asyncio.wait_for(
-                self.reader.read(READ_SIZE), self._read_deadline - time.monotonic()
-            )
+            return await asyncio.wait_for(self.reader.read(READ_SIZE), self._patience)
         except TimeoutError:
             self.close_for(self._timeout_reason())
             return b""
-
-    def _watch_reads(self) -> None:
-        """Start (or stop) the clock on a frame begun and not yet whole."""
-        if self.decoder.partial or self.client_name is None:
-            if self._read_deadline is None:
-                self._read_deadline = time.monotonic() + self.gateway.settings.read_timeout
-        else:
-            self._read_deadline = None
+        finally:
+            self._patience -= time.monotonic() - started
 
     def _timeout_reason(self) -> str:
         limit = self.gateway.settings.read_timeout

@@ -124,6 +124,21 @@ def test_a_frame_dribbled_byte_by_byte_is_timed_from_its_first_byte(gateway_with
     assert closed_after is not None and 1.0 <= closed_after < 6
 
 
+def test_a_steady_stream_split_across_reads_is_not_timed_out(gateway_with, wire_to):
+    """ReadTimeout times one frame: a client whose reads always end inside some frame
+    (any busy publisher) is not closed once ReadTimeout has passed since the first one."""
+    gateway = gateway_with(read_timeout=0.5)
+    wire = wire_to(gateway.address)
+    assert wire.logon("stream").header["status"] == "success"
+    stream = b"".join(encode_frame({"c": "heartbeat", "cid": str(n)}) for n in range(30))
+    step = len(stream) // 30
+    for start in range(0, len(stream), step):  # each piece ends inside a frame
+        wire.send_raw(stream[start + 3 : start + step + 3] if start else stream[: step + 3])
+        time.sleep(0.1)  # the client's rhythm: 3 s in all, 6 times ReadTimeout
+    replies = wire.until(lambda f: f.header.get("cid") == "29")
+    assert [f.header["cid"] for f in replies] == [str(n) for n in range(30)]
+
+
 def test_a_connection_that_never_logs_on_is_closed_after_read_timeout(gateway_with, wire_to):
     """Defect 7: a connection that says nothing is not kept before logon."""
     gateway = gateway_with(read_timeout=0.5)

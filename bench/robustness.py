@@ -1,0 +1,280 @@
+"""Issue 13 (defects 5 and 6): the worker's memory under a query flood and a Kafka outage.
+
+    python -m bench robustness [--records 100] [--queries 10000] [--flood-seconds 10]
+                               [--publishers 3] [--outage-seconds 20] [--publish-timeout 10]
+
+The worker is the real `amps-kafka worker`, in a process of its own, so its resident
+memory (VmRSS) is the worker's alone; the clients run here. Each scenario reports the
+worker's RSS before, at its peak during, and after, and the heartbeat round trips
+another client saw meanwhile (median, 99th percentile, worst).
+
+- flood: one connection sends `--queries` pipelined `sow` frames (each answered with
+  `--records` records) and never reads a reply. Before issue 13 this took the worker
+  from about 60 to 760 MiB (638 MiB kept after the close) and other clients waited 1.6 s.
+- outage: `--publishers` connections publish without pause (each publish asking for a
+  persisted ack) to a broker of the benchmark's own, which is stopped for
+  `--outage-seconds` and started again. Reported: the acks (persisted / failed with a
+  reason / never answered). Before issue 13 three publishers took the worker from 64 to
+  707 MiB. `--publish-timeout` is the worker's Gateway PublishTimeout (30 s by default in
+  a config; shorter here so the run is short).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import yaml
+
+from amps_on_kafka.broker.local import LocalBroker
+from amps_on_kafka.broker.testing import free_ports
+from amps_on_kafka.client import Client
+from amps_on_kafka.server.frames import FrameDecoder, encode_frame
+from bench.common import bootstrap, documents, new_topic
+
+MiB = 1024 * 1024
+READY_TIMEOUT = 120.0
+
+
+def rss_mib(pid: int) -> float:
+    """The process's resident memory, from /proc (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+@contextmanager
+def worker(servers: str, topic: str, publish_timeout: float) -> Iterator[tuple[int, str]]:
+    """`amps-kafka worker` on a free port, serving `topic`'s SOW; yields (pid, address)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-robustness-"))
+    config = {
+        "Topics": [{"Name": topic}],
+        "SOW": [{"Topic": topic, "Key": "/id"}],
+        "Gateway": {"PublishTimeout": f"{publish_timeout:g}s"},
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    command = [
+        *(sys.executable, "-m", "amps_on_kafka.cli", "worker", "-b", servers),
+        *("--config", str(work / "config.yaml"), "--state-dir", str(work / "state")),
+        *("--listen", address, "--log-level", "error"),
+    ]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while "worker ready" not in (process.stderr.readline() or "worker ready"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker did not get ready")
+        if process.poll() is not None:
+            raise RuntimeError(f"the worker exited with {process.returncode}")
+        threading.Thread(target=process.stderr.read, daemon=True).start()  # keep it drained
+        yield process.pid, address
+    finally:
+        process.terminate()
+        process.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass
+class Watch:
+    """Samples the worker's RSS and a bystander's heartbeat round trips until stopped."""
+
+    pid: int
+    address: str
+    rss: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self._threads = [threading.Thread(target=t, daemon=True) for t in (self._rss, self._beat)]
+
+    def __enter__(self) -> Watch:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _rss(self) -> None:
+        while not self.stop.wait(0.1):
+            self.rss.append(rss_mib(self.pid))
+
+    def _beat(self) -> None:
+        with Client("bench-bystander") as client:
+            client.connect(f"tcp://{self.address}/amps/json")
+            client.logon()
+            while not self.stop.wait(0.05):
+                start = time.perf_counter()
+                client.heartbeat()
+                self.latencies.append(time.perf_counter() - start)
+
+
+def settle(pid: int, seconds: float = 5.0) -> float:
+    """RSS once the worker had `seconds` to let go of what it no longer needs."""
+    time.sleep(seconds)  # a benchmark's pause: memory has no event to wait for
+    return rss_mib(pid)
+
+
+def show(label: str, before: float, watch: Watch, after: float) -> None:
+    lat = sorted(watch.latencies) or [float("nan")]
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    print(
+        f"{label:8} RSS before {before:6.0f} MiB, peak during {max(watch.rss, default=0):6.0f} "
+        f"MiB, after {after:6.0f} MiB | bystander heartbeat median "
+        f"{statistics.median(lat) * 1000:6.1f} ms, p99 {p99 * 1000:6.1f} ms, "
+        f"worst {lat[-1] * 1000:6.1f} ms ({len(lat)} beats)",
+        flush=True,
+    )
+
+
+def connect(address: str, name: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(encode_frame({"c": "logon", "cid": "logon", "client_name": name}))
+    return sock
+
+
+def fill(address: str, topic: str, records: int) -> None:
+    with Client("bench-fill") as client:
+        client.connect(f"tcp://{address}/amps/json")
+        client.logon()
+        for doc in documents(records, keys=records):
+            client.publish(topic, doc)
+        client.publish_flush(60)
+        deadline = time.monotonic() + 60
+        while len(list(client.sow(topic))) < records:
+            assert time.monotonic() < deadline, "the worker did not apply the records"
+
+
+def flood(servers: str, args: argparse.Namespace) -> None:
+    topic = new_topic(servers, "robustness-flood", 1, key=("/id",))
+    with worker(servers, topic, args.publish_timeout) as (pid, address):
+        fill(address, topic, args.records)
+        before = settle(pid, 2)
+        sock = connect(address, "bench-flood")
+        frames = b"".join(
+            encode_frame({"c": "sow", "cid": str(n), "t": topic}) for n in range(args.queries)
+        )
+        sender = threading.Thread(target=_send_quietly, args=(sock, frames), daemon=True)
+        with Watch(pid, address) as watch:
+            sender.start()
+            time.sleep(args.flood_seconds)  # the flood goes on, unread, this long
+        sock.close()
+        show("flood", before, watch, settle(pid))
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    with suppress(OSError):  # fails once we close
+        sock.sendall(data)  # blocks while the gateway paces us
+
+
+class Publisher:
+    """A connection publishing without pause, counting the persisted acks it gets."""
+
+    def __init__(self, address: str, topic: str, name: str) -> None:
+        self.sock = connect(address, name)
+        self.topic = topic
+        self.sent = 0
+        self.acks: Counter[str] = Counter()
+        self.stop = threading.Event()
+        self.reasons: Counter[str] = Counter()
+        self._threads = [threading.Thread(target=t, daemon=True) for t in (self._send, self._read)]
+        for thread in self._threads:
+            thread.start()
+
+    def _send(self) -> None:
+        doc = documents(1)[0]
+        while not self.stop.is_set():
+            burst = []
+            for _ in range(100):
+                header = {"c": "publish", "cid": str(self.sent), "t": self.topic, "a": "persisted"}
+                burst.append(encode_frame(header, orjson.dumps({**doc, "id": self.sent % 1000})))
+                self.sent += 1
+            self.sock.sendall(b"".join(burst))
+        self.sock.sendall(encode_frame({"c": "flush", "cid": "flush", "a": "processed"}))
+
+    def _read(self) -> None:
+        decoder = FrameDecoder(1 << 30)
+        while data := self.sock.recv(1 << 16):
+            for frame in decoder.feed(data):
+                header = frame.header
+                if header.get("cid") == "flush":
+                    return
+                if header.get("a") == "persisted":
+                    self.acks[header["status"]] += 1
+                    if "reason" in header:
+                        self.reasons[header["reason"].split(":")[0]] += 1
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(120)
+        self.sock.close()
+
+
+def outage(args: argparse.Namespace) -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-outage-"))
+    port, controller_port = free_ports(2)
+    broker = LocalBroker(data_dir, port=port, controller_port=controller_port)
+    servers = broker.start()
+    try:
+        topic = new_topic(servers, "robustness-outage", 1, key=("/id",))
+        with worker(servers, topic, args.publish_timeout) as (pid, address):
+            before = settle(pid, 2)
+            with Watch(pid, address) as watch:
+                publishers = [
+                    Publisher(address, topic, f"bench-pub-{n}") for n in range(args.publishers)
+                ]
+                time.sleep(3)  # publishing normally first
+                broker.stop()
+                time.sleep(args.outage_seconds)  # the outage lasts this long
+                broker.start()
+                time.sleep(3)
+                for publisher in publishers:
+                    publisher.finish()
+            after = settle(pid)
+            show("outage", before, watch, after)
+            sent = sum(p.sent for p in publishers)
+            acks = sum((p.acks for p in publishers), Counter())
+            reasons = sum((p.reasons for p in publishers), Counter())
+            print(
+                f"         {sent} publishes: {acks['success']} persisted, {acks['failure']} "
+                f"failed with a reason ({dict(reasons)}), "
+                f"{sent - acks['success'] - acks['failure']} unanswered",
+                flush=True,
+            )
+    finally:
+        broker.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench robustness")
+    parser.add_argument("--records", type=int, default=100)
+    parser.add_argument("--queries", type=int, default=10_000)
+    parser.add_argument("--flood-seconds", type=float, default=10.0)
+    parser.add_argument("--publishers", type=int, default=3)
+    parser.add_argument("--outage-seconds", type=float, default=20.0)
+    parser.add_argument("--publish-timeout", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    print(f"worker pid RSS, {os.cpu_count()} cores", flush=True)
+    flood(bootstrap(), args)
+    outage(args)
