@@ -97,16 +97,21 @@ def run_worker(bootstrap, tmp_path):
         worker.stop()
 
 
-def test_keys_from_kcat_and_from_the_client_meet_in_one_partition(
-    bootstrap, topic_factory, run_worker
-):
-    topic = topic_factory(PARTITIONS, key=("/id",), partitioner="crc32")
+def kcat_then_client(bootstrap: str, topic: str) -> None:
+    """Every id written by kcat keyed by its id, then by the client."""
     kcat_produce(bootstrap, topic, [(str(i), {"id": i, "by": "kcat"}) for i in IDS])
     with Client(f"pub-{uuid.uuid4().hex[:6]}") as client:
         client.connect(f"kafka://{bootstrap}")
         for i in IDS:
             client.publish(topic, {"id": i, "by": "client"})
         client.publish_flush(30)
+
+
+def test_keys_from_kcat_and_from_the_client_meet_in_one_partition(
+    bootstrap, topic_factory, run_worker
+):
+    topic = topic_factory(PARTITIONS, key=("/id",), partitioner="crc32")
+    kcat_then_client(bootstrap, topic)
     homes: dict[bytes, set[int]] = defaultdict(set)
     for record in records_of(bootstrap, topic):
         homes[record.key()].add(record.partition())
@@ -125,12 +130,7 @@ def test_a_topic_that_does_not_declare_kcats_partitioner_refuses_its_misplaced_r
     """The defect as reported: `sow_key 5` twice, one record per partition. Now the
     worker refuses each kcat record not where murmur2 puts its key; no key is held twice."""
     topic = topic_factory(PARTITIONS, key=("/id",))  # murmur2, the default
-    kcat_produce(bootstrap, topic, [(str(i), {"id": i, "by": "kcat"}) for i in IDS])
-    with Client(f"pub-{uuid.uuid4().hex[:6]}") as client:
-        client.connect(f"kafka://{bootstrap}")
-        for i in IDS:
-            client.publish(topic, {"id": i, "by": "client"})
-        client.publish_flush(30)
+    kcat_then_client(bootstrap, topic)
     misplaced = [
         i
         for i in IDS
