@@ -43,7 +43,6 @@ from amps_on_kafka.client.mapped_file import (
     MappedLog,
     MappedSlots,
     keep_damaged,
-    offset_of,
     read_lines,
     seal,
     unseal,
@@ -424,9 +423,8 @@ class LoggedBookmarkStore(BookmarkStore):
         damage = _LogReader(self._subs).read(lines)
         if damage is None:
             return
-        index, problem = damage
         if not salvage:
-            raise DamagedFile(self.path, offset_of(lines, index), problem, LOG_REMEDY)
+            raise DamagedFile.at_line(self.path, lines, *damage, LOG_REMEDY) from damage[1]
         keep_damaged(self.path)
 
     def sync(self) -> None:
@@ -553,7 +551,7 @@ class _LogReader:
         self.parts: dict[int, _Partition] = {}
         self.publishers: dict[int, bytes] = {}
 
-    def read(self, lines: list[bytes]) -> tuple[int, str] | None:
+    def read(self, lines: list[bytes]) -> tuple[int, Exception] | None:
         """Apply every record; the index of the first that doesn't read and why, if any."""
         if not lines:
             return None
@@ -565,7 +563,7 @@ class _LogReader:
             try:
                 self._apply((unseal(line) if sealed else line).split(b" "))
             except (KeyError, ValueError, IndexError, orjson.JSONDecodeError) as exc:
-                return index, f"record {index + 1} ({line[:60]!r}) doesn't read: {exc!r}"
+                return index, exc
         return None
 
     def _apply(self, fields: list[bytes]) -> None:

@@ -44,6 +44,16 @@ class DamagedFile(AmpsError, ValueError):
         self.path = path
         self.offset = offset
 
+    @classmethod
+    def at_line(
+        cls, path: Path, lines: list[bytes], index: int, cause: Exception, remedy: str
+    ) -> DamagedFile:
+        """The damage of the line at `index` of read_lines' answer: where it starts in
+        the file, and what it holds."""
+        offset = sum(len(line) + 1 for line in lines[:index])
+        problem = f"record {index + 1} ({lines[index][:60]!r}) doesn't read: {cause!r}"
+        return cls(path, offset, problem, remedy)
+
 
 def read_lines(path: Path) -> list[bytes]:
     """The complete records of a file written by MappedLog or appended to with write(2)
@@ -56,11 +66,6 @@ def read_lines(path: Path) -> list[bytes]:
         return []
     lines = content.rstrip(b"\0").split(b"\n")
     return lines[:-1]  # the last piece has no newline: empty, or a torn record
-
-
-def offset_of(lines: list[bytes], index: int) -> int:
-    """Where the line at `index` of read_lines' answer starts in the file."""
-    return sum(len(line) + 1 for line in lines[:index])
 
 
 def seal(record: bytes) -> bytes:

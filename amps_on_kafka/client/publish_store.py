@@ -32,7 +32,6 @@ import orjson
 from amps_on_kafka.client.mapped_file import (
     DamagedFile,
     keep_damaged,
-    offset_of,
     read_lines,
     replace_file,
     seal,
@@ -180,8 +179,7 @@ class FilePublishStore(PublishStore):
                 self._apply(unseal(lines[index]) if sealed else lines[index])
             except _UNREADABLE as exc:
                 if not salvage:
-                    problem = f"record {index + 1} ({lines[index][:60]!r}) doesn't read: {exc!r}"
-                    raise DamagedFile(self.path, offset_of(lines, index), problem, REMEDY) from exc
+                    raise DamagedFile.at_line(self.path, lines, index, exc, REMEDY) from exc
                 damaged = True
         if damaged:
             keep_damaged(self.path)
