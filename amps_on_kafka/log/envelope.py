@@ -9,6 +9,7 @@ json. A consumer that sees no header knows the default.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -141,6 +142,32 @@ class Envelope:
 _PLAIN_PUBLISH = Envelope()
 _STATEFUL = frozenset((H_COMMAND, H_EXPIRATION, H_FILTER, H_SOW_KEYS))
 _TEXT = frozenset((H_PUBLISHER, H_SOW_KEY, H_CORRELATION, H_TOPIC, H_MESSAGE_TYPE))
+
+
+# A consumed Message's headers(), called through the C API. confluent-kafka decodes each
+# header name as UTF-8; for a name that is not (any producer but the Python client can
+# write one) it returns a list holding a tuple without a name AND sets an exception. The
+# C API turns that into SystemError. Called as `record.headers()`, CPython's specialised
+# call (3.11+, once the call site is warm) only asserts on it, returns the broken list,
+# and reading it crashes the process. confluent-kafka also keeps that list: a second call
+# returns it, whichever way, so a record's headers are read once (LogMessage keeps the
+# failure).
+read_headers = operator.methodcaller("headers")
+
+
+def headers_of(record) -> list[tuple[str, bytes | None]] | None:
+    """A consumed record's headers; EnvelopeError when they don't read: the record's
+    command is then unknown, and it is refused like any undecodable header. At most once
+    per record (see read_headers)."""
+    try:
+        return read_headers(record)
+    except (SystemError, UnicodeDecodeError) as exc:
+        raise unreadable_headers(exc) from exc
+
+
+def unreadable_headers(exc: Exception) -> EnvelopeError:
+    cause = exc.__cause__ or exc.__context__ or exc
+    return EnvelopeError(f"a header name is not UTF-8 text ({cause})")
 
 
 def is_plain_publish(headers: list[tuple[str, bytes | None]] | None) -> bool:

@@ -12,7 +12,7 @@ from confluent_kafka import Message
 
 from amps_on_kafka.log.bookmarks import format_bookmark
 from amps_on_kafka.log.codecs import Codec
-from amps_on_kafka.log.envelope import Envelope
+from amps_on_kafka.log.envelope import Envelope, EnvelopeError, headers_of
 
 
 class LogMessage:
@@ -38,11 +38,12 @@ class LogMessage:
         offset: int,
         timestamp: int,
         raw: bytes | None,
-        headers: list[tuple[str, bytes]] | Message | None,
+        headers: list[tuple[str, bytes]] | Message | EnvelopeError | None,
         codec: Codec,
     ) -> None:
         """`headers` may be the consumed Message itself: its headers() builds a list of
         tuples, so it is called only when the envelope is read, not for every record.
+        An EnvelopeError stands for headers that were read and did not decode.
         """
         self.topic = topic
         self.partition = partition
@@ -57,9 +58,18 @@ class LogMessage:
 
     @property
     def headers(self) -> list[tuple[str, bytes]] | None:
-        if isinstance(self._headers, Message):
-            self._headers = self._headers.headers()
-        return self._headers  # type: ignore[return-value]
+        """EnvelopeError when they don't read, every time, without asking the Message
+        again (see headers_of: a second headers() call can crash the process)."""
+        headers = self._headers
+        if isinstance(headers, Message):
+            try:
+                headers = self._headers = headers_of(headers)
+            except EnvelopeError as exc:
+                self._headers = exc
+                raise
+        if isinstance(headers, EnvelopeError):
+            raise EnvelopeError(headers.reason)
+        return headers  # type: ignore[return-value]
 
     @property
     def envelope(self) -> Envelope:

@@ -56,8 +56,10 @@ from amps_on_kafka.log.envelope import (
     H_COMMAND,
     H_EXPIRATION,
     Command,
+    EnvelopeError,
     check_expiration,
     dead_letter_headers,
+    headers_of,
 )
 from amps_on_kafka.log.kafka import (
     METADATA_TIMEOUT,
@@ -655,8 +657,12 @@ class QueueRuntime:
                 continue
             self._read = True
             topic, partition, offset = record.topic(), record.partition(), record.offset()
-            headers = record.headers()
-            expiration = _message_expiration(headers)
+            try:
+                headers = headers_of(record)
+            except EnvelopeError:
+                headers, expiration = None, _BAD_HEADER
+            else:
+                expiration = _message_expiration(headers)
             if expiration is _NOT_A_MESSAGE or expiration is _BAD_HEADER:
                 if expiration is _BAD_HEADER:
                     self.skipped += 1

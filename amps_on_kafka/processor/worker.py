@@ -31,7 +31,13 @@ from confluent_kafka import (
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
-from amps_on_kafka.log.envelope import Command, is_plain_publish
+from amps_on_kafka.log.envelope import (
+    Command,
+    EnvelopeError,
+    is_plain_publish,
+    read_headers,
+    unreadable_headers,
+)
 from amps_on_kafka.log.kafka import (
     CONSUMER_TUNING,
     METADATA_TIMEOUT,
@@ -356,19 +362,32 @@ class Worker:
             self.applied += len(batch)
 
     def _apply_batch(self, store: PartitionStore, rules: SowRules, batch: list[Message]) -> None:
-        staged = self._replace_blind(store, rules, batch)
+        unreadable: dict[int, EnvelopeError] = {}
+        staged = self._replace_blind(store, rules, batch, unreadable)
         if staged is not None:
             self._write_replacements(store, staged, batch[-1].offset() + 1)
             return
         topic, partition, codec = store.topic, store.partition, rules.codec
         messages = [
-            LogMessage(topic, partition, r.offset(), r.timestamp()[1], r.value(), r, codec)
+            LogMessage(
+                topic,
+                partition,
+                r.offset(),
+                r.timestamp()[1],
+                r.value(),
+                unreadable.get(r.offset(), r),  # a record's headers are read at most once
+                codec,
+            )
             for r in batch
         ]
         self._apply_partition(store, rules, messages)
 
     def _replace_blind(
-        self, store: PartitionStore, rules: SowRules, records: list[Message]
+        self,
+        store: PartitionStore,
+        rules: SowRules,
+        records: list[Message],
+        unreadable: dict[int, EnvelopeError],
     ) -> Replacements | None:
         """The fast path: a batch of plain publishes where a publish replaces its record
         unread (SowRules.blind_publishes, and no oof subscriber wants old records) is
@@ -376,7 +395,9 @@ class Worker:
         record. Returns None unless every record is a plain publish with a valid
         payload whose key belongs in this partition: then the general path applies the
         batch, and rejects what it must. The placement check hashes the batch's keys at
-        once (Placement.misplaced), which costs far less than one hash per record.
+        once (Placement.misplaced), which costs far less than one hash per record. A
+        record whose headers don't read goes in `unreadable` (log/envelope.py headers_of
+        says why they must not be read again).
         """
         if not rules.blind_publishes or self.engine.wants_previous(rules.topic):
             return None
@@ -389,7 +410,14 @@ class Worker:
         try:
             for record in records:
                 payload = record.value()
-                if payload is None or not is_plain_publish(record.headers()):
+                if payload is None:
+                    return None
+                try:
+                    headers = read_headers(record)
+                except (SystemError, UnicodeDecodeError) as exc:
+                    unreadable[record.offset()] = unreadable_headers(exc)
+                    return None
+                if not is_plain_publish(headers):
                     return None
                 key = key_of(decode(payload))
                 raw = key.encode()

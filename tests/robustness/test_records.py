@@ -14,11 +14,14 @@ messages and skips, counting them, those whose command or expiration is unreadab
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import pytest
 from confluent_kafka import Producer
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
@@ -387,3 +390,54 @@ def test_a_queue_stores_a_message_with_a_header_that_has_no_value():
     headers = [("p", b"pub"), ("odd", None), ("bin", b"\xff\x00")]
     entry = QueueEntry(("t", 0, 5), 1000, b"{}", None, headers, None)
     assert decode_entry(entry.seq, encode_entry(entry), lambda _: None).headers == headers
+
+
+def test_a_header_name_that_is_not_utf8_is_refused_by_the_worker_and_skipped_by_the_queue(
+    bootstrap, topic_factory, tmp_path
+):
+    """confluent-kafka raises SystemError reading such a record's headers, and once the
+    call site is warm CPython returns its broken list instead, which crashed the whole
+    process: a run of such records gets there. Python's client can't write such a name;
+    kcat, as any librdkafka producer, can."""
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.fail("kcat is not installed (scripts/bootstrap.sh installs it)")
+    sow_topic, queue_topic = topic_factory(1, key=("/id",)), topic_factory(1)
+    dead = topic_factory(1)
+    bad = 60
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for topic in (sow_topic, queue_topic):
+        command = [kcat.encode(), b"-b", bootstrap.encode(), b"-t", topic.encode(), b"-P"]
+        lines = b'{"id": 1}\n' * bad
+        subprocess.run([*command, b"-H", b"\xff\xfe=v"], input=lines, check=True, timeout=30)
+        producer.produce(topic, b'{"id": 2}', partition=0)
+    assert producer.flush(10) == 0
+    config = Config.model_validate(
+        {
+            "Topics": [{"Name": sow_topic}, {"Name": queue_topic}],
+            "SOW": [{"Topic": sow_topic, "Key": "/id", "DeadLetterTopic": dead}],
+            "Queues": [{"Name": queue_topic}],
+        }
+    )
+    worker = Worker(config, bootstrap, tmp_path / "state", group_id=uuid.uuid4().hex)
+    try:
+        worker.start()
+        worker.wait_ready()
+        wait_caught_up(worker, bootstrap, sow_topic, 1)
+        worker.raise_if_failed()
+        assert worker.rejected == {"bad_envelope": bad}
+        assert sow_of(worker, sow_topic) == {"2": {"id": 2}}
+        letters = dead_letters(bootstrap, dead)
+        assert [dict(m.headers)["source"] for m in letters] == [  # type: ignore[arg-type]
+            f"{sow_topic}|0|{offset}|".encode() for offset in range(bad)
+        ]
+        for letter in letters:
+            assert b"not UTF-8" in dict(letter.headers)["reason"]  # type: ignore[arg-type]
+            assert letter.raw == b'{"id": 1}'
+        runtime = worker.queues.runtimes[queue_topic]  # type: ignore[union-attr]
+        assert runtime.failure is None and runtime.skipped == bad
+        queued = [m.bookmark for m in worker.queues.browse(queue_topic)]  # type: ignore[union-attr]
+        assert queued == [f"{queue_topic}|0|{bad}|"]
+    finally:
+        worker.stop()
+        delete_topics(bootstrap, [events_topic(queue_topic)])

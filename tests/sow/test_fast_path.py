@@ -73,7 +73,7 @@ def test_the_fast_path_gives_what_the_rules_give_or_declines(batch):
         worker = Worker(CONFIG, "unused:9092", state_dir)
         store = worker._open("t", 0)
         try:
-            staged = worker._replace_blind(store, worker.rules["t"], records)
+            staged = worker._replace_blind(store, worker.rules["t"], records, {})
             if any(kind != "plain" for kind, _ in batch):
                 assert staged is None
                 return
@@ -96,9 +96,9 @@ def test_an_oof_subscriber_that_comes_mid_batch_gets_the_old_records(tmp_path):
     store = worker._open("t", 0)
     rules = worker.rules["t"]
     first = [record("plain", 0, 1)]
-    worker._write_replacements(store, worker._replace_blind(store, rules, first), 1)
+    worker._write_replacements(store, worker._replace_blind(store, rules, first, {}), 1)
     staged = worker._replace_blind(
-        store, rules, [record("plain", o, k) for o, k in ((1, 1), (2, 1))]
+        store, rules, [record("plain", o, k) for o, k in ((1, 1), (2, 1))], {}
     )
     worker.engine.want_previous("t")
     seen: list[BatchApplied] = []
