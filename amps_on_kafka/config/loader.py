@@ -11,12 +11,17 @@ from pydantic import ValidationError
 from amps_on_kafka.config.model import Config
 from amps_on_kafka.errors import ConfigError
 
+# A configuration is a few KiB. Read at most this much: `--config /dev/zero` (or a log
+# file given by mistake) must be an error, not a process that reads until memory ends.
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_ERRORS_SHOWN = 10  # of a file wrong everywhere, the first few make the point
+
 
 def load_config(path: str | Path) -> Config:
     """Load and validate; every error names the file and the offending key."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(_read(path))
     except OSError as exc:
         raise ConfigError(f"{path}: can't read the configuration: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -39,6 +44,14 @@ def load_config(path: str | Path) -> Config:
     return _resolve_schema_paths(config, path.parent)
 
 
+def _read(path: Path) -> str:
+    with path.open("rb") as file:
+        data = file.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes: not a configuration")
+    return data.decode("utf-8")
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """One line: the problem and where (PyYAML's own text spans lines with a snippet)."""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -49,11 +62,14 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 def _describe(exc: ValidationError) -> str:
     """Every error on one line: `Topics[0].Partitions: <why>; ...`."""
+    errors = exc.errors()
     parts = []
-    for error in exc.errors():
+    for error in errors[:MAX_ERRORS_SHOWN]:
         where = "".join(_location(part) for part in error["loc"])
         message = error["msg"].removeprefix("Value error, ").replace("\n", "\\n")
         parts.append(f"{where.lstrip('.') or 'top level'}: {message}")
+    if len(errors) > MAX_ERRORS_SHOWN:
+        parts.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more errors")
     return "; ".join(parts)
 
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amps_on_kafka.config import check_listen, load_config
+from amps_on_kafka.config.loader import MAX_CONFIG_BYTES, MAX_ERRORS_SHOWN
 from amps_on_kafka.errors import ConfigError
 
 SECTIONS = ["Kafka", "Topics", "SOW", "Gateway", "State", "Queues"]
@@ -75,6 +76,22 @@ def test_yaml_errors_are_one_line_with_the_position(tmp_path, text, complaint):
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert complaint in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_endless_file_is_refused_after_the_size_limit_not_read_forever():
+    """`--config /dev/zero` read until memory ran out."""
+    with pytest.raises(ConfigError, match=f"larger than {MAX_CONFIG_BYTES} bytes"):
+        load_config("/dev/zero")
+
+
+def test_a_file_wrong_everywhere_names_the_first_errors_and_counts_the_rest(tmp_path):
+    path = tmp_path / "amps.yaml"
+    path.write_text(yaml.safe_dump({"Topics": [{"Name": "a", "Partitions": "x"}] * 30}))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert "Topics[9].Partitions" in message and "Topics[10]" not in message
+    assert message.endswith(f"and {30 - MAX_ERRORS_SHOWN} more errors")
 
 
 def test_a_config_that_is_not_utf8_is_a_config_error(tmp_path):
