@@ -32,6 +32,7 @@ import orjson
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    KafkaError,
     KafkaException,
     Message,
     Producer,
@@ -101,9 +102,10 @@ class Repartitioner:
         # once instead of after the dead member's session timeout.
         place = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:12]
         self.transactional_id = f"amps-repartition.{self.group_id}.{self.source}.{place}"
-        self.forwarded = 0  # source records copied (committed) since start
+        self.forwarded = 0  # source records handled (copied, or refused) and committed
         self._progress = threading.Condition()
         self.failures = 0  # transactions aborted and retried since start
+        self.refused = 0  # copies the producer refused for good (too large), skipped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._routes: Routes | None = None  # once the internal topic's count is known
@@ -140,7 +142,7 @@ class Repartitioner:
                     records = [r for r in records if r.error() is None]
                     if records:
                         self._forward(consumer, producer, records)
-                except (KafkaException, AmpsError) as exc:
+                except Exception as exc:  # any failure: retried, never the end of the copying
                     producer = self._recover(consumer, producer, exc)
         finally:
             consumer.close()
@@ -164,7 +166,7 @@ class Repartitioner:
             self._progress.notify_all()
 
     def wait_forwarded(self, count: int, timeout: float = 60.0) -> None:
-        """Block until `count` source records have been copied since start."""
+        """Block until `count` source records have been handled since start."""
         with self._progress:
             if not self._progress.wait_for(lambda: self.forwarded >= count, timeout):
                 raise TransportError(
@@ -173,8 +175,17 @@ class Repartitioner:
                 )
 
     def _produce(
-        self, producer: Producer, record: Message, partition: int, key: bytes | None, headers
+        self,
+        producer: Producer,
+        record: Message,
+        partition: int,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
     ) -> None:
+        """Queue one copy. A copy the producer refuses outright (larger than
+        message.max.bytes with its added header) would fail the same way on every retry:
+        it is skipped, counted in `refused` and logged with its source bookmark, as the
+        worker skips a record it can't apply, instead of holding the topic forever."""
         while True:
             try:
                 producer.produce(
@@ -188,6 +199,17 @@ class Repartitioner:
                 return
             except BufferError:
                 producer.poll(0.05)  # the local queue is full: let deliveries drain
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                self.refused += 1
+                log.error(
+                    "repartition %s: skipped record %s: %s",
+                    self.source,
+                    dict(headers)[H_SOURCE_BOOKMARK].decode(),
+                    exc.args[0].str(),
+                )
+                return
 
     def _recover(
         self, consumer: Consumer, producer: Producer | None, exc: Exception
@@ -196,11 +218,20 @@ class Repartitioner:
         can't abort (fenced, fatal) is dropped; the next one's init_transactions fences
         it for good."""
         self.failures += 1
-        log.warning("repartition %s -> %s failed, retrying: %s", self.source, self.target, exc)
+        expected = isinstance(exc, KafkaException | AmpsError)
+        log.log(
+            logging.WARNING if expected else logging.ERROR,
+            "repartition %s -> %s failed, retrying: %s",
+            self.source,
+            self.target,
+            exc,
+            exc_info=not expected,
+        )
         if producer is not None:
             try:
                 producer.abort_transaction(TRANSACTION_TIMEOUT)
             except KafkaException:
+                producer.close()  # fenced or fatal: the next one takes its place
                 producer = None
         self._rewind_due = True
         self._stop.wait(RETRY_WAIT)

@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message, Producer
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -353,3 +353,20 @@ def _key_list(raw: bytes | None) -> list[str] | None:
         return None
     ok = isinstance(keys, list) and all(isinstance(k, str) for k in keys)
     return keys if ok else None
+
+
+def test_a_record_too_large_to_copy_is_skipped_and_counted_not_retried_forever(
+    bootstrap, unkeyed_topic, run_worker
+):
+    """A source record just under Kafka's size limit is over it with its source bookmark
+    header: copying it can never succeed, so it is skipped (counted, logged with its
+    bookmark) and the records after it are copied."""
+    topic = unkeyed_topic
+    producer = Producer({"bootstrap.servers": bootstrap})  # kcat's own input limit is lower
+    producer.produce(topic, orjson.dumps({"id": 0, "pad": "x" * 999_940}), partition=0)
+    assert producer.flush(30) == 0
+    kcat_produce(bootstrap, topic, [(None, {"id": i}) for i in IDS[1:]])
+    worker = run_worker(repartitioned_config(topic))
+    worker.repartitioners[0].wait_forwarded(len(IDS))
+    wait_for_sow(worker, topic, {str(i): {"id": i} for i in IDS[1:]})
+    assert worker.repartitioners[0].refused == 1
