@@ -19,11 +19,11 @@ from confluent_kafka import KafkaError, KafkaException
 
 from amps_on_kafka.broker import resolve_bootstrap
 from amps_on_kafka.broker.probe import answers, refused
+from amps_on_kafka.cli import EXIT_INTERRUPTED
 from amps_on_kafka.errors import AmpsError, TransportError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 # How long a command waits for Kafka to answer before it gives up: an unreachable broker
 # is one line within seconds, not librdkafka's retries for 10-20 s.
 PROBE_TIMEOUT = 3.0

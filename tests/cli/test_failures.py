@@ -394,6 +394,29 @@ def test_sigterm_stops_the_worker_cleanly_with_exit_code_0(worker):
     assert "Traceback" not in stderr and "revoked" in stderr
 
 
+def test_ctrl_c_while_the_commands_load_exits_130_without_a_traceback():
+    """Loading the sub-commands takes up to a second or two: a Ctrl-C then printed the
+    traceback of whatever import it interrupted. The interrupt is raised from inside the
+    import of one sub-command, where a Ctrl-C at that moment would land."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_WHILE_LOADING], capture_output=True, text=True
+    )
+    assert done.returncode == 130 and done.stderr == ""
+
+
+INTERRUPT_WHILE_LOADING = """
+import sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "amps_on_kafka.cli.worker":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, CtrlC())
+from amps_on_kafka.cli import main
+"""
+
+
 def test_ctrl_c_stops_subscribe_with_exit_code_130_and_no_traceback(bootstrap, worker):
     """click's own handling printed "Aborted!" and exited 1, like a failure."""
     _, topic, _, server = worker
