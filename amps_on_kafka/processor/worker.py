@@ -283,6 +283,15 @@ class Worker:
         declared = self.config.topic(topic)  # its Partitioner: how its producers place keys
         partitioner = declared.partitioner if declared else "murmur2"  # a repartitioner's
         self.rules[self._logical[topic]].placement = Placement(count, partitioner)
+        if declared is not None and count != declared.partitions:
+            log.error(
+                "topic %s has %d partitions in Kafka, its config %d: its SOW keys now belong "
+                "in other partitions than their earlier records, which are refused when "
+                "applied again (docs/operations.md, The rule: one SOW key, one partition)",
+                topic,
+                count,
+                declared.partitions,
+            )
 
     def _consumed(self, topic: str) -> str:
         """The Kafka topic a SOW topic's stores are kept from (its own, or its internal

@@ -9,6 +9,7 @@ it gets misplaced records refused by the worker (dead-lettered), never a key twi
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -39,6 +40,7 @@ from amps_on_kafka.server.gateway import Gateway
 from amps_on_kafka.state.sow import SowRules
 from tests.conftest import delete_topics
 from tests.log.conftest import records_of
+from tests.log.test_placement import grow
 from tests.sow.conftest import wait_caught_up
 from tests.sow.test_worker import sow_of
 
@@ -370,3 +372,14 @@ def test_a_record_too_large_to_copy_is_skipped_and_counted_not_retried_forever(
     worker.repartitioners[0].wait_forwarded(len(IDS))
     wait_for_sow(worker, topic, {str(i): {"id": i} for i in IDS[1:]})
     assert worker.repartitioners[0].refused == 1
+
+
+def test_a_worker_says_when_a_topic_has_other_partitions_than_its_config(
+    bootstrap, topic_factory, run_worker, caplog
+):
+    """Partitions added to a keyed topic move its keys: the worker says so clearly."""
+    topic = topic_factory(PARTITIONS, key=("/id",))
+    grow(bootstrap, topic, PARTITIONS + 1)
+    with caplog.at_level(logging.ERROR, logger="amps_on_kafka.processor.worker"):
+        run_worker(sow_config(topic, "murmur2"))
+    assert f"topic {topic} has 4 partitions in Kafka, its config 3" in caplog.text
