@@ -2,6 +2,7 @@
 
     python -m bench robustness [--records 100] [--queries 10000] [--flood-seconds 10]
                                [--publishers 3] [--outage-seconds 20] [--publish-timeout 10]
+                               [--only flood|outage]
 
 The worker is the real `amps-kafka worker`, in a process of its own, so its resident
 memory (VmRSS) is the worker's alone; the clients run here. Each scenario reports the
@@ -98,15 +99,20 @@ class Watch:
     address: str
     rss: list[float] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    worst_at: float = 0.0  # seconds after the watch began
     stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self._threads = [threading.Thread(target=t, daemon=True) for t in (self._rss, self._beat)]
 
     def __enter__(self) -> Watch:
+        self.began = time.monotonic()
         for thread in self._threads:
             thread.start()
         return self
+
+    def since(self) -> float:
+        return time.monotonic() - self.began
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
@@ -124,7 +130,10 @@ class Watch:
             while not self.stop.wait(0.05):
                 start = time.perf_counter()
                 client.heartbeat()
-                self.latencies.append(time.perf_counter() - start)
+                latency = time.perf_counter() - start
+                if latency > max(self.latencies, default=0):
+                    self.worst_at = self.since()
+                self.latencies.append(latency)
 
 
 def settle(pid: int, seconds: float = 5.0) -> float:
@@ -140,7 +149,7 @@ def show(label: str, before: float, watch: Watch, after: float) -> None:
         f"{label:8} RSS before {before:6.0f} MiB, peak during {max(watch.rss, default=0):6.0f} "
         f"MiB, after {after:6.0f} MiB | bystander heartbeat median "
         f"{statistics.median(lat) * 1000:6.1f} ms, p99 {p99 * 1000:6.1f} ms, "
-        f"worst {lat[-1] * 1000:6.1f} ms ({len(lat)} beats)",
+        f"worst {lat[-1] * 1000:6.1f} ms at {watch.worst_at:.1f} s ({len(lat)} beats)",
         flush=True,
     )
 
@@ -245,13 +254,16 @@ def outage(args: argparse.Namespace) -> None:
                 ]
                 time.sleep(3)  # publishing normally first
                 broker.stop()
+                stopped = watch.since()
                 time.sleep(args.outage_seconds)  # the outage lasts this long
                 broker.start()
+                started = watch.since()
                 time.sleep(3)
                 for publisher in publishers:
                     publisher.finish()
             after = settle(pid)
             show("outage", before, watch, after)
+            print(f"         broker stopped at {stopped:.1f} s, answering again at {started:.1f} s")
             sent = sum(p.sent for p in publishers)
             acks = sum((p.acks for p in publishers), Counter())
             reasons = sum((p.reasons for p in publishers), Counter())
@@ -274,7 +286,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--publishers", type=int, default=3)
     parser.add_argument("--outage-seconds", type=float, default=20.0)
     parser.add_argument("--publish-timeout", type=float, default=10.0)
+    parser.add_argument("--only", choices=("flood", "outage"))
     args = parser.parse_args(argv)
-    print(f"worker pid RSS, {os.cpu_count()} cores", flush=True)
-    flood(bootstrap(), args)
-    outage(args)
+    print(f"worker RSS (VmRSS of the worker process), {os.cpu_count()} cores", flush=True)
+    if args.only != "outage":
+        flood(bootstrap(), args)
+    if args.only != "flood":
+        outage(args)
