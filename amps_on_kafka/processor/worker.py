@@ -30,7 +30,7 @@ from confluent_kafka import (
 )
 
 from amps_on_kafka.config import Config
-from amps_on_kafka.errors import TransportError
+from amps_on_kafka.errors import AmpsError, TransportError
 from amps_on_kafka.log.envelope import (
     Command,
     EnvelopeError,
@@ -202,6 +202,9 @@ class Worker:
     def _run_guarded(self) -> None:
         try:
             self.run()
+        except (AmpsError, OSError) as exc:  # a reason for the operator (a damaged store,
+            self._failure = exc  # a state path that is a file): raise_if_failed reports it;
+            log.error("worker loop failed: %s", exc)  # two tracebacks would bury it
         except BaseException as exc:
             self._failure = exc
             log.exception("worker loop failed")

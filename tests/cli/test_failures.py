@@ -327,6 +327,24 @@ def test_a_gateway_port_in_use_ends_the_worker_with_one_error_line(
     assert "revoked" in stderr  # the stores it had opened were closed
 
 
+def test_a_damaged_store_ends_the_worker_with_its_reason_and_no_traceback(
+    bootstrap, topic_factory, tmp_path
+):
+    """The worker thread logged the failure's traceback, then printed it a second time
+    as an uncaught exception in thread amps-worker, before the one line that mattered."""
+    topic = topic_factory(1, key=("/id",))
+    config = write_config(tmp_path, sow_yaml(topic))
+    state = tmp_path / "state"
+    (state / topic / "0").mkdir(parents=True)
+    (state / topic / "0" / "CURRENT").write_text("garbage\n")  # RocksDB can't open it
+    code, _, stderr, _ = amps_kafka(
+        "worker", "--config", config, "--state-dir", str(state), bootstrap=bootstrap
+    )
+    assert code == 1 and "Traceback" not in stderr and "Exception in thread" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: worker failed: the store {state / topic / '0'} is damaged")
+
+
 def test_spark_rebuild_refuses_a_state_dir_a_worker_holds(bootstrap, worker, tmp_path):
     """It checked only the stores the worker had open: a partition assigned to the worker
     during the rebuild met stores being replaced."""
