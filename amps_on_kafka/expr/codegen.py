@@ -11,7 +11,6 @@ other case calls the exact helpers in ``values``.  Literal values enter the sour
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from amps_on_kafka.errors import FilterError
 from amps_on_kafka.expr import nodes as n
 from amps_on_kafka.expr import values as v
 from amps_on_kafka.expr.functions import FUNCTIONS
+from amps_on_kafka.expr.patterns import compile_pattern
 
 _PY_OPS = {"=": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _FLIPPED = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
@@ -269,12 +269,12 @@ class _Codegen:
     def like(self, node: n.Like, want: bool) -> str:
         if not node.pattern:
             return "False"  # LIKE NULL is unknown for every value
-        search = self.const(re.compile(node.pattern).search)
-        test = "is not None" if want else "is None"
+        search = self.const(compile_pattern(node.pattern))
+        test = "" if want else "not "
         return self.guarded(
             node.operand,
             "is str",
-            lambda t: f"{t} != '' and {search}({t}) {test}",
+            lambda t: f"{t} != '' and {test}{search}({t})",
             lambda t: f"_like({search}, {t})",
             want,
         )

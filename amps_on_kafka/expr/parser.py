@@ -6,13 +6,13 @@ BEGINS/ENDS WITH), ``+ -``, ``* / %``, unary minus, primaries.
 
 from __future__ import annotations
 
-import re
 from typing import cast
 
 from amps_on_kafka.errors import FilterError
 from amps_on_kafka.expr import nodes as n
 from amps_on_kafka.expr.functions import FUNCTIONS
 from amps_on_kafka.expr.lexer import Token, describe, error, tokenize
+from amps_on_kafka.expr.patterns import PatternError, compile_pattern
 from amps_on_kafka.expr.values import to_text
 
 MAX_BYTES = 64 * 1024
@@ -191,9 +191,9 @@ class _Parser:
         self.advance()
         pattern = str(token.value)
         try:
-            re.compile(pattern)
-        except (re.error, RecursionError, OverflowError, Warning) as exc:
-            raise error(self.text, token.pos, f"invalid regular expression: {exc}") from None
+            compile_pattern(pattern)
+        except PatternError as exc:
+            raise error(self.text, token.pos, f"invalid LIKE pattern: {exc}") from None
         return pattern
 
     def additive(self) -> n.Node:

@@ -157,12 +157,12 @@ def in_list(value: object, items: tuple[object, ...]) -> Truth:
     return any_of([compare(operator.eq, value, item) for item in items])
 
 
-def like(search: Callable[[str], object], value: object) -> Truth:
-    """True when the regex finds a match in the text of some element."""
+def like(search: Callable[[str], bool], value: object) -> Truth:
+    """True when the pattern matches somewhere in the text of some element."""
     results: list[Truth] = []
     for item in elements(value):
         text = to_text(item)
-        results.append(None if text is None else search(text) is not None)
+        results.append(None if text is None else search(text))
     return any_of(results)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from amps_on_kafka.errors import InvalidBookmark, MessageError, TransportError, UnknownTopic
+from amps_on_kafka.expr.patterns import PatternError, compile_pattern
 from amps_on_kafka.log.bookmarks import (
     TP,
     Bookmark,
@@ -37,13 +38,14 @@ def select_topics(client, pattern: str) -> list[str]:
     if _PLAIN_TOPIC.match(pattern):
         partitions_of(client, pattern)
         return [pattern]
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
+    try:  # RE2, linear time: the pattern may come from any client of a gateway
+        compile_pattern(pattern)  # alone first: wrapping must not make a bad pattern good
+        whole = compile_pattern(f"^(?:{pattern})$")
+    except PatternError as exc:
         raise UnknownTopic(
             f"topic pattern {pattern!r} is not a valid regular expression: {exc}"
         ) from exc
-    matched = [name for name in topic_names(client) if regex.fullmatch(name)]
+    matched = [name for name in topic_names(client) if whole(name)]
     if not matched:
         raise UnknownTopic(f"no topic matches the pattern {pattern!r}")
     return matched

@@ -54,7 +54,7 @@ def test_like_pattern_must_be_a_literal():
 
 def test_invalid_regular_expression_is_a_compile_error():
     assert error_of("/a LIKE '(unclosed'").startswith(
-        "at position 9: invalid regular expression: missing ), unterminated subpattern"
+        "at position 9: invalid LIKE pattern: missing ): (unclosed"
     )
 
 

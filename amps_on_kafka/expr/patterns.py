@@ -1,0 +1,74 @@
+"""LIKE patterns, matched by RE2 in time linear in the text.
+
+A LIKE pattern comes from whoever sends a filter. Python's backtracking `re` takes
+exponential time on patterns such as `(a+)+$` and holds the GIL all the while, so one
+query froze every session of a worker. RE2 guarantees linear time; the price is the
+constructs that need backtracking (backreferences, lookaround, possessive quantifiers,
+atomic groups), which are refused when the filter is compiled.
+
+RE2 is called through its extension type rather than the `re2` module's `search`: that
+wrapper builds match objects and offset maps, eight times the cost of the match itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import re2
+from re2 import _re2
+
+_UNANCHORED = _re2.RE2.Anchor.UNANCHORED
+MAX_PROGRAM_BYTES = 8 << 20  # RE2's memory budget for one compiled pattern
+
+# What RE2's error says, and what to tell the user instead.
+_UNSUPPORTED = (
+    ("invalid perl operator: (?=", "lookahead (?=...)"),
+    ("invalid perl operator: (?!", "negative lookahead (?!...)"),
+    ("invalid perl operator: (?<=", "lookbehind (?<=...)"),
+    ("invalid perl operator: (?<!", "negative lookbehind (?<!...)"),
+    ("invalid perl operator: (?>", "atomic groups (?>...)"),
+    ("bad repetition operator: *+", "possessive quantifiers"),
+    ("bad repetition operator: ++", "possessive quantifiers"),
+    ("bad repetition operator: ?+", "possessive quantifiers"),
+    ("invalid escape sequence: \\Z", "\\Z (use $ or \\z)"),
+)
+
+
+class PatternError(ValueError):
+    """A LIKE pattern RE2 cannot compile; the message names what is wrong."""
+
+
+def _options() -> re2.Options:
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print each refused pattern to stderr
+    options.never_capture = True  # LIKE asks only whether there is a match
+    options.max_mem = MAX_PROGRAM_BYTES
+    return options
+
+
+_OPTIONS = _options()
+
+
+def compile_pattern(pattern: str) -> Callable[[str], bool]:
+    """A function telling whether `pattern` matches somewhere in a text (re.search's
+    semantics, RE2's syntax). Raises PatternError naming what RE2 does not support."""
+    regexp = _re2.RE2(pattern.encode(), _OPTIONS)
+    if not regexp.ok():
+        raise PatternError(_explain(regexp.error()))
+    match = regexp.Match
+
+    def matches(text: str) -> bool:
+        encoded = text.encode(errors="surrogatepass")
+        return match(_UNANCHORED, encoded, 0, len(encoded))[0][0] >= 0
+
+    return matches
+
+
+def _explain(error: str | bytes) -> str:
+    reason = error.decode(errors="replace") if isinstance(error, bytes) else error
+    feature = next((feature for said, feature in _UNSUPPORTED if said in reason), None)
+    if feature is None and reason.startswith("invalid escape sequence: \\"):
+        feature = "backreferences" if reason[-1:].isdigit() else None
+    if feature is None:
+        return reason
+    return f"{feature} not supported (LIKE uses RE2 syntax, which matches in linear time): {reason}"
