@@ -7,13 +7,21 @@ LogPublisher; these tests drive it through the client and directly.
 
 from __future__ import annotations
 
+import orjson
 import pytest
+from click.testing import CliRunner
 from confluent_kafka.admin import NewPartitions
 
+from amps_on_kafka.cli import main
+from amps_on_kafka.client import Client
+from amps_on_kafka.config import Config
 from amps_on_kafka.errors import PublishError
 from amps_on_kafka.log.kafka import admin_client
 from amps_on_kafka.log.keys import PARTITIONERS, partition_for
 from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.server.gateway import Gateway
 from tests.log.conftest import records_of
 
 PARTITIONS = 5
@@ -64,3 +72,23 @@ def test_a_keyed_publish_to_a_topic_given_more_partitions_is_refused_naming_both
 def grow(bootstrap: str, topic: str, count: int) -> None:
     admin = admin_client(bootstrap)
     admin.create_partitions([NewPartitions(topic, count)])[topic].result(30)
+
+
+def test_the_gateway_and_the_cli_place_keys_by_the_topics_partitioner(bootstrap, topic_factory):
+    """The other two publishers: a tcp:// client through a gateway, and `amps-kafka
+    publish`; both go through LogPublisher and so by the topic's Partitioner."""
+    topic = topic_factory(PARTITIONS, key=("/id",), partitioner="fnv1a")
+    engine = SowEngine(Config(), {}, now_ms)
+    with Gateway(engine, bootstrap, listen="127.0.0.1:0") as gateway, Client("gw") as client:
+        client.connect(f"tcp://{gateway.address}/amps/json")
+        client.logon()
+        for i in range(20):
+            client.publish(topic, {"id": f"g{i}"})
+        client.publish_flush(30)
+    lines = "\n".join(orjson.dumps({"id": f"c{i}"}).decode() for i in range(20))
+    result = CliRunner().invoke(main, ["publish", topic, "-b", bootstrap], input=lines)
+    assert result.exit_code == 0, result.output
+    records = records_of(bootstrap, topic)
+    assert len(records) == 40
+    for record in records:
+        assert record.partition() == partition_for(record.key(), PARTITIONS, "fnv1a")
