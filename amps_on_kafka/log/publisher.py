@@ -262,7 +262,8 @@ class LogPublisher:
             raise PublishError(
                 f"topic {spec.name!r} has {count} partitions in Kafka but was created with "
                 f"{spec.partitions}: a keyed publish would put SOW key {key!r} in another "
-                "partition than its earlier records (docs/operations.md, Keys and partitions)"
+                "partition than its earlier records (docs/operations.md, The rule: one SOW "
+                "key, one partition)"
             )
         if spec.partitioner == PRODUCER_PARTITIONER:
             return None

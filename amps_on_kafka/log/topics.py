@@ -7,7 +7,7 @@ a restore or a Spark job computes the same deadline as the live worker did.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException
@@ -123,10 +123,14 @@ def _partition_counts(admin: AdminClient, names: list[str]) -> dict[str, int]:
 
 def _conflict(spec: TopicSpec, count: int | None, entry: TopicSpec | None) -> str | None:
     """Why `spec` can't be (re)registered for a topic with `count` partitions in Kafka
-    and this registry entry; None when it can. A missing topic is created afresh."""
+    and this registry entry; None when it can. A missing topic is created afresh.
+
+    Turning Repartition on is the one change allowed: the SOW is then kept from the
+    internal topic, so where the source holds its keys no longer matters (nor its
+    partition count). Turning it off is refused: the source's keys may be anywhere."""
     if count is None:
         return None
-    if entry is not None and entry != spec:
+    if entry is not None and entry not in (spec, replace(spec, repartition=False)):
         why = "" if entry.describe() != spec.describe() else " (their Avro schemas differ)"
         return (
             f"topic {spec.name!r} exists with another spec{why}; refused, nothing changed:\n"
@@ -135,12 +139,12 @@ def _conflict(spec: TopicSpec, count: int | None, entry: TopicSpec | None) -> st
             "  (another key, partition count or partitioner would put its SOW keys in "
             "other partitions than its records; create a new topic instead)"
         )
-    if count != spec.partitions:
+    if count != spec.partitions and not spec.repartition:
         return (
             f"topic {spec.name!r} has {count} partitions in Kafka, not the "
             f"{spec.partitions} its spec says ({spec.describe()}): SOW keys are placed by "
             "the partition count, so a topic whose partitions were added can't keep its "
-            "keys where they are (docs/operations.md, Keys and partitions)"
+            "keys where they are (docs/operations.md, The rule: one SOW key, one partition)"
         )
     return None
 

@@ -13,6 +13,7 @@ from confluent_kafka.admin import NewTopic
 
 from amps_on_kafka.log.kafka import admin_client
 from amps_on_kafka.log.registry import TopicRegistry
+from amps_on_kafka.log.topics import repartition_topic
 from tests.conftest import delete_topics
 from tests.log.test_placement import grow
 
@@ -71,3 +72,23 @@ def test_a_rerun_on_a_topic_given_more_partitions_says_so(run, name, bootstrap):
     refused = run("topics", "create", name, "-p", "2", "--key", "/id")
     assert refused.exit_code != 0
     assert f"topic '{name}' has 3 partitions in Kafka, not the 2 its spec says" in refused.output
+
+
+def test_repartition_can_be_turned_on_for_a_topic_but_not_off(run, name, bootstrap, tmp_path):
+    """On, the SOW moves to the internal topic: where the source holds keys stops
+    mattering. Off, it would be kept from a source whose keys may be anywhere."""
+    assert run("topics", "create", name, "-p", "2", "--key", "/id").exit_code == 0
+    config = tmp_path / "c.yaml"
+    sow = f"SOW: [{{Topic: {name}, Key: /id, Repartition: %s}}]\n"
+    topics = f"Topics: [{{Name: {name}, Partitions: 2}}]\n"
+    try:
+        config.write_text(topics + sow % "true")
+        on = run("topics", "create", "--config", str(config))
+        assert on.exit_code == 0 and on.output.endswith(f"{name}: exists, registered\n")
+        assert TopicRegistry(bootstrap).entries()[name].repartition
+        assert repartition_topic(name) in admin_client(bootstrap).list_topics(timeout=10).topics
+        config.write_text(topics + sow % "false")
+        off = run("topics", "create", "--config", str(config))
+        assert off.exit_code != 0 and "registered: 2 partitions, key /id" in off.output
+    finally:
+        delete_topics(bootstrap, [repartition_topic(name)])
