@@ -9,10 +9,12 @@ duplicate.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from amps_on_kafka.config import Config, SowConfig
 from amps_on_kafka.errors import MessageError, UnknownTopic
@@ -176,9 +178,33 @@ def _ordered(records: list[SowRecord], order_by: str) -> list[SowRecord]:
         present = [(expression.evaluate(r.data), r) for r in records]
         valued = [p for p in present if p[0] is not None]
         nulls = [r for v, r in present if v is None]
-        valued.sort(key=lambda p: _sort_key(p[0]), reverse=descending)
+        valued = _sorted(valued, descending)
         records = [r for _, r in valued] + nulls
     return records
+
+
+SORT_RUN = 20_000  # records sorted by one C call: about 10 ms on this project's hosts
+
+
+def _sorted(pairs: list[tuple[Any, SowRecord]], descending: bool) -> list[tuple[Any, SowRecord]]:
+    """A stable sort of (value, record) pairs by value, which never holds the GIL long.
+
+    list.sort compares in C without running bytecode, so one sort of a million records
+    keeps the gateway's event loop (every other session) waiting for half a second.
+    Sorting runs of SORT_RUN and merging them in Python (heapq.merge is stable across
+    runs) gives the loop its turn between comparisons.
+    """
+
+    def key(pair: tuple[Any, SowRecord]) -> tuple[int, object]:
+        return _sort_key(pair[0])
+
+    if len(pairs) <= SORT_RUN:
+        return sorted(pairs, key=key, reverse=descending)
+    runs = [
+        sorted(pairs[i : i + SORT_RUN], key=key, reverse=descending)
+        for i in range(0, len(pairs), SORT_RUN)
+    ]
+    return list(heapq.merge(*runs, key=key, reverse=descending))
 
 
 def _sort_key(value: object) -> tuple[int, object]:

@@ -2,7 +2,9 @@
 
 Queries run off the event loop (RocksDB reads and filtering take time) and the results
 are sent batch by batch, waiting for the connection to drain after each, so a large
-result follows the client's pace instead of piling up in memory.
+result follows the client's pace instead of piling up in memory. Each batch also yields
+to the event loop: a million-record answer to one client must not keep every other
+session (their heartbeats included) waiting until it is all encoded.
 
 Replies: `group_begin`, `sow` frames of up to `bs` records (and about BATCH_BYTES of
 payload), `group_end`, then the `stats` and `completed` acks if asked for.
@@ -10,6 +12,7 @@ payload), `group_end`, then the `stats` and `completed` acks if asked for.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -101,6 +104,7 @@ async def send_snapshot(
     for chunk in batches(result.records, query.batch_size):
         session.send(*sow_batch(header, query.topic, chunk))
         await session.drain()
+        await asyncio.sleep(0)  # drain returns at once while the buffer is low: let others run
     session.send(group("group_end", header, query.topic))
     if request.wants("stats"):
         session.send(
