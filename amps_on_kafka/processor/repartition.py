@@ -43,7 +43,7 @@ from confluent_kafka.admin import AdminClient
 from amps_on_kafka.config import Config, SowConfig
 from amps_on_kafka.errors import AmpsError, TransportError
 from amps_on_kafka.log.bookmarks import format_bookmark
-from amps_on_kafka.log.envelope import H_SOW_KEYS, Command
+from amps_on_kafka.log.envelope import H_COMMAND, H_SOW_KEYS, Command, EnvelopeError, headers_of
 from amps_on_kafka.log.kafka import (
     CONSUMER_TUNING,
     METADATA_TIMEOUT,
@@ -297,15 +297,20 @@ class Routes:
 
     def copies(self, record: Message) -> Iterator[Copy]:
         """(partition, key, headers) of each copy of a source record."""
-        source = format_bookmark(record.topic(), record.partition(), record.offset())
-        headers = [*(record.headers() or []), (H_SOURCE_BOOKMARK, source.encode())]
+        source = format_bookmark(record.topic(), record.partition(), record.offset()).encode()
+        try:
+            read = headers_of(record)  # once: a second read can crash (envelope.read_headers)
+        except EnvelopeError as exc:  # not copied; the copy's command says why it's refused
+            yield 0, record.key(), [(H_COMMAND, exc.reason.encode()), (H_SOURCE_BOOKMARK, source)]
+            return
+        headers = [*(read or []), (H_SOURCE_BOOKMARK, source)]
         message = LogMessage(
             record.topic(),
             record.partition(),
             record.offset(),
             record.timestamp()[1],
             record.value(),
-            record.headers(),
+            read,
             self.rules.codec,
         )
         try:

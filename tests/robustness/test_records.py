@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import shutil
 import subprocess
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,7 @@ from amps_on_kafka.log.envelope import (
 from amps_on_kafka.log.keys import partition_for
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.log.topics import repartition_topic
 from amps_on_kafka.processor.queues import events_topic
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.state.queue import QueueEntry
@@ -441,3 +444,45 @@ def test_a_header_name_that_is_not_utf8_is_refused_by_the_worker_and_skipped_by_
     finally:
         worker.stop()
         delete_topics(bootstrap, [events_topic(queue_topic)])
+
+
+def test_a_repartitioned_topic_refuses_a_header_name_that_is_not_utf8(
+    bootstrap, topic_factory, tmp_path
+):
+    """The repartitioner read such a record's headers twice, the second time getting
+    confluent-kafka's broken list (a crash of the worker's process). Its copy now names
+    why, and the worker refuses it."""
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.fail("kcat is not installed (scripts/bootstrap.sh installs it)")
+    topic, bad = topic_factory(2, key=("/id",), repartition=True), 60
+    command = [kcat.encode(), b"-b", bootstrap.encode(), b"-t", topic.encode(), b"-P"]
+    lines = b'{"id": 1}\n' * bad
+    subprocess.run([*command, b"-H", b"\xff\xfe=v"], input=lines, check=True, timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, b'{"id": 2}')
+    assert producer.flush(10) == 0
+    config = Config.model_validate(
+        {
+            "Topics": [{"Name": topic, "Partitions": 2}],
+            "SOW": [{"Topic": topic, "Key": "/id", "Repartition": True}],
+        }
+    )
+    worker = Worker(config, bootstrap, tmp_path / "state", group_id=uuid.uuid4().hex)
+    applied = threading.Event()
+    worker.engine.add_listener(lambda _: applied.set())
+    try:
+        worker.start()
+        worker.wait_ready()
+        worker.repartitioners[0].wait_forwarded(bad + 1)
+        deadline = time.monotonic() + 60
+        while sum(worker.rejected.values()) < bad or not sow_of(worker, topic):
+            worker.raise_if_failed()
+            assert time.monotonic() < deadline, (worker.rejected, sow_of(worker, topic))
+            applied.wait(0.5)
+            applied.clear()
+        assert worker.rejected == {"bad_envelope": bad}
+        assert sow_of(worker, topic) == {"2": {"id": 2}}
+    finally:
+        worker.stop()
+        delete_topics(bootstrap, [repartition_topic(topic)])
