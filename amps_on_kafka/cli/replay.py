@@ -1,10 +1,17 @@
-"""`amps-kafka replay`: the log from a bookmark, as JSON lines or raw payloads."""
+"""`amps-kafka replay`: the log from a bookmark, as JSON lines or raw payloads.
+
+A replay tool must get through any log: a record whose payload or headers don't decode
+(any producer can write one) is printed as undecodable with its bookmark, or counted
+and skipped, and ends the replay only when asked (`--on-error`). A sow_delete line
+carries what it deletes (`sow_keys`, `filter`, or the data), so the output of a replay
+can always be folded into a SOW.
+"""
 
 from __future__ import annotations
 
 import base64
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
@@ -14,6 +21,7 @@ from tqdm import tqdm
 
 from amps_on_kafka import NOW
 from amps_on_kafka.cli.common import bootstrap_option, kafka, reports_errors
+from amps_on_kafka.errors import MessageError
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.controls import controlled, parse_options
 from amps_on_kafka.log.message import LogMessage
@@ -63,15 +71,34 @@ PROGRESS_THRESHOLD = 10_000
     metavar="PATH",
     help="Conflate by this field, e.g. /id (repeatable; default: the SOW key).",
 )
+@click.option(
+    "--on-error",
+    type=click.Choice(["raw", "skip", "stop"]),
+    default="raw",
+    show_default=True,
+    help="A record that does not decode (jsonl): raw prints it with its bookmark, the "
+    "reason and its value in base64; skip counts it on stderr; stop ends with exit code 1.",
+)
 @bootstrap_option
 @reports_errors
 def replay(
-    topic, start, until, follow, filter_text, fmt, rate, conflate, conflation_keys, bootstrap
+    topic,
+    start,
+    until,
+    follow,
+    filter_text,
+    fmt,
+    rate,
+    conflate,
+    conflation_keys,
+    on_error,
+    bootstrap,
 ) -> None:
     """Replay TOPIC (a name or a regular expression) from a bookmark.
 
-    jsonl prints one object per message: bookmark, topic, timestamp, data. Exits 0 when
-    the replay reaches the end of the log as it was at the start, unless --follow.
+    jsonl prints one object per message: bookmark, topic, timestamp, command, data, and
+    sow_key, sow_keys or filter when the record has them. Exits 0 when the replay reaches
+    the end of the log as it was at the start, unless --follow.
     """
     predicate = compile_filter(filter_text).matches if filter_text else None
     if until is not None and follow:
@@ -79,7 +106,8 @@ def replay(
     options = parse_options(_options_text(rate, conflate, conflation_keys))
     stop = until if until is not None or follow else NOW
     out = sys.stdout.buffer
-    write = _jsonl if fmt == "jsonl" else _raw
+    undecodable = Undecodable(on_error)
+    write = undecodable.guard(_jsonl) if fmt == "jsonl" else _raw
     servers = kafka(bootstrap)
     registry = TopicRegistry(servers)
 
@@ -104,6 +132,7 @@ def replay(
             _copy(run.items, out, write, bar)
     finally:
         run.source.close()
+        undecodable.report()
 
 
 def _options_text(rate: str | None, conflate: str | None, keys: tuple[str, ...]) -> str:
@@ -128,20 +157,81 @@ def _copy(items: Iterable[Any], out: BinaryIO, write, bar: tqdm) -> None:
     out.flush()
 
 
+class Undecodable:
+    """What `--on-error` does with a record that does not decode, and how many there were."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.count = 0
+        self.first: str | None = None  # "bookmark: reason" of the first one
+
+    def guard(self, write: Callable[[BinaryIO, LogMessage], None]):
+        """`write`, with a MessageError (payload or headers) handled by the mode."""
+
+        def guarded(out: BinaryIO, message: LogMessage) -> None:
+            try:
+                write(out, message)
+            except MessageError as exc:
+                self._handle(out, message, exc.reason)
+
+        return guarded
+
+    def _handle(self, out: BinaryIO, message: LogMessage, reason: str) -> None:
+        if self.mode == "stop":
+            raise click.ClickException(f"record {message.bookmark} does not decode: {reason}")
+        self.count += 1
+        self.first = self.first or f"{message.bookmark}: {reason}"
+        if self.mode == "raw":
+            out.write(orjson.dumps(undecodable_line(message, reason), option=_NEWLINE))
+
+    def report(self) -> None:
+        """Undecodable records are never silent: a count on stderr, whatever the mode."""
+        if self.count:
+            done = "skipped" if self.mode == "skip" else "printed as undecodable"
+            first = f"; the first at {self.first}"
+            click.echo(f"{self.count} record(s) did not decode, {done}{first}", err=True)
+
+
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
+
+
 def _jsonl(out: BinaryIO, message: LogMessage) -> None:
+    """The whole line is built before anything is written: a record failing half-way
+    leaves no half line."""
+    out.write(orjson.dumps(message_line(message), option=_NEWLINE))
+
+
+def message_line(message: LogMessage) -> dict[str, Any]:
+    """A message as a JSON object; a sow_delete names what it deletes. MessageError when
+    its payload or headers don't decode."""
     data = message.data
     if isinstance(data, bytes):
         data = {"base64": base64.b64encode(data).decode()}
+    envelope = message.envelope
     line = {
         "bookmark": message.bookmark,
-        "topic": message.logical_topic,
+        "topic": envelope.topic or message.topic,
         "timestamp": iso_time(message.timestamp),
-        "command": message.command,
+        "command": envelope.command.value,
         "data": data,
     }
-    if message.sow_key is not None:
-        line["sow_key"] = message.sow_key
-    out.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
+    for name in ("sow_key", "sow_keys", "filter"):
+        value = getattr(envelope, name)
+        if value is not None:
+            line[name] = value
+    return line
+
+
+def undecodable_line(message: LogMessage, reason: str) -> dict[str, Any]:
+    """A record that does not decode: where it is, why, and its value as it is."""
+    raw = message.raw
+    return {
+        "bookmark": message.bookmark,
+        "topic": message.topic,
+        "timestamp": iso_time(message.timestamp),
+        "error": reason,
+        "raw": base64.b64encode(raw).decode() if raw is not None else None,
+    }
 
 
 def _raw(out: BinaryIO, message: LogMessage) -> None:

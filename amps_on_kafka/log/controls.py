@@ -283,12 +283,15 @@ class Conflator:
             self._on_holding(False)
 
     def _key(self, message: LogMessage) -> Any:
-        if self._extract is not None:
-            try:
+        """A message with no key, or whose payload or headers don't decode, is never
+        conflated with another: it is delivered as it is, and the replay goes on."""
+        try:
+            message.envelope  # noqa: B018 - merged() reads the headers: they must decode
+            if self._extract is not None:
                 return self._extract(message.data)
-            except MessageError:
-                return message.bookmark  # no key field: never conflated with another
-        return message.sow_key or message.bookmark
+            return message.sow_key or message.bookmark
+        except MessageError:
+            return message.bookmark
 
 
 def merged(first: LogMessage, newest: LogMessage) -> LogMessage:
