@@ -135,6 +135,7 @@ class GatewayConfig(_Strict):
     read_timeout: Seconds = Field(30.0, alias="ReadTimeout", gt=0)
     max_queued_bytes: int = Field(64 * 1024 * 1024, alias="MaxQueuedBytes", ge=64 * 1024)
     max_commands_in_flight: int = Field(16, alias="MaxCommandsInFlight", ge=1)
+    max_subscriptions: int = Field(100, alias="MaxSubscriptions", ge=1)
     max_publish_bytes_in_flight: int = Field(
         32 * 1024 * 1024, alias="MaxPublishBytesInFlight", ge=64 * 1024
     )

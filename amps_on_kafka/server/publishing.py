@@ -55,6 +55,7 @@ Outcome = Callable[[PublishError | None], None]  # runs on the loop with Kafka's
 
 IDLE_WAIT = 0.1  # seconds the pump waits for a report when nothing is in flight
 SERVE_SLICE = 0.02  # seconds the pump waits for reports while something is in flight
+DRAIN_SLICE = 500  # delivery outcomes handled per turn of the event loop
 # What a command costs the budget beyond its payload: headers, key and librdkafka's own
 # per-message bookkeeping, so a flood of empty publishes is bounded too.
 RECORD_OVERHEAD = 256
@@ -105,11 +106,17 @@ class DeliveryPump:
         return f"Kafka did not persist the message: {error.str()}"
 
     def _drain(self) -> None:
+        """Hand Kafka's verdicts to the sessions, DRAIN_SLICE at a time: when a broker
+        comes back, thousands arrive at once, and the other clients must not wait for
+        all of their acks to be written (that was a 0.7 s pause)."""
         self._posted = False
         outcomes = self._outcomes
-        while outcomes:
+        for _ in range(min(len(outcomes), DRAIN_SLICE)):
             handler, error = outcomes.popleft()
             handler(error)
+        if outcomes and not self._posted:
+            self._posted = True
+            self._loop.call_soon(self._drain)
 
     def _run(self) -> None:
         producer = self._producer

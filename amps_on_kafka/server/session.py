@@ -207,8 +207,16 @@ class Session:
         return self._writes
 
     def add_subscription(self, sub: Subscription) -> None:
+        """Registers `sub`; at most MaxSubscriptions per connection, because each one
+        holds buffers, and a log subscription a Kafka consumer and a thread of its own."""
         if sub.sub_id in self.subscriptions:
             raise ProtocolError(f"sub_id {sub.sub_id!r} is already in use on this connection")
+        limit = self.gateway.settings.max_subscriptions
+        if len(self.subscriptions) >= limit:
+            raise ProtocolError(
+                f"too many subscriptions on this connection: at most {limit} "
+                "(MaxSubscriptions); unsubscribe one first"
+            )
         self.subscriptions[sub.sub_id] = sub
 
     def remove_subscription(self, sub_id: str) -> bool:

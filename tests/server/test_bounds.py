@@ -155,6 +155,29 @@ def test_a_logged_on_quiet_connection_is_kept(gateway_with, wire_to):
     assert heartbeat_seconds(wire) < 5
 
 
+def test_subscriptions_per_connection_are_bounded(gateway_with, wire_to, topic_factory):
+    """Each log subscription holds a Kafka consumer and a thread: a connection could open
+    them without end. Beyond MaxSubscriptions one is refused, and room comes back."""
+    gateway = gateway_with(max_subscriptions=2)
+    topic = topic_factory(1)
+    wire = wire_to(gateway.address)
+    wire.logon("subscriber")
+
+    def subscribe(sub_id: str) -> dict:
+        header = {"c": "subscribe", "cid": sub_id, "t": topic, "a": "processed"}
+        return wire.request(header).header
+
+    assert subscribe("one")["status"] == subscribe("two")["status"] == "success"
+    refused = subscribe("three")
+    assert refused["status"] == "failure"
+    assert refused["reason"] == (
+        "too many subscriptions on this connection: at most 2 (MaxSubscriptions); "
+        "unsubscribe one first"
+    )
+    wire.request({"c": "unsubscribe", "cid": "u", "sub_id": "one", "a": "processed"})
+    assert subscribe("three")["status"] == "success"
+
+
 def test_an_ack_to_a_missing_queue_names_the_queue(bare_gateway, wire_to):
     """Defect 13: it said "'X' is not a SOW topic of this worker"."""
     wire = wire_to(bare_gateway.address)
