@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["log", "filters", "sow", "gateway", "queues", "stores", "spark", "robustness"]
+BENCHMARKS = [
+    "log", "filters", "sow", "gateway", "queues", "stores", "spark", "robustness", "fairness"
+]
 
 
 def main() -> None:
