@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 
 from amps_on_kafka.errors import MessageError, TransportError
 from amps_on_kafka.log.bookmarks import format_bookmark
-from amps_on_kafka.log.envelope import Envelope
+from amps_on_kafka.log.envelope import Envelope, headers_of
 from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.spark.plan import LogRange
 
@@ -178,8 +178,9 @@ def records(bootstrap: str, topic: str, part: Slice) -> Iterator:
 
 def _row(topic: str, record) -> tuple:
     """A row of LOG_SCHEMA: the envelope decoded by Envelope.from_headers, or its error."""
-    partition, offset, headers = record.partition(), record.offset(), record.headers()
+    partition, offset, headers = record.partition(), record.offset(), None
     try:
+        headers = headers_of(record)  # not record.headers(): see envelope.read_headers
         envelope, error = Envelope.from_headers(headers), None
     except MessageError as exc:
         envelope, error = None, exc.reason

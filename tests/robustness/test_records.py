@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
@@ -42,6 +42,7 @@ from amps_on_kafka.log.envelope import (
     H_TOPIC,
     MAX_EXPIRATION,
 )
+from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.log.keys import partition_for
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.replay import Replay
@@ -486,3 +487,30 @@ def test_a_repartitioned_topic_refuses_a_header_name_that_is_not_utf8(
     finally:
         worker.stop()
         delete_topics(bootstrap, [repartition_topic(topic)])
+
+
+def test_a_spark_log_row_of_a_header_name_that_is_not_utf8_carries_the_error(
+    bootstrap, topic_factory
+):
+    """The Spark source read headers with a direct call, which returns confluent-kafka's
+    broken list once warm (a crash of the Spark task's Python worker)."""
+    from amps_on_kafka.spark.source import _row  # pyspark: only for this test
+
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.fail("kcat is not installed (scripts/bootstrap.sh installs it)")
+    topic, bad = topic_factory(1), 60
+    command = [kcat.encode(), b"-b", bootstrap.encode(), b"-t", topic.encode(), b"-P"]
+    lines = b'{"id": 1}\n' * bad
+    subprocess.run([*command, b"-H", b"\xff\xfe=v"], input=lines, check=True, timeout=30)
+    consumer = reader(bootstrap)
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        records: list = []
+        while len(records) < bad:
+            records += [r for r in consumer.consume(bad, timeout=5) if r.error() is None]
+        rows = [_row(topic, record) for record in records]
+    finally:
+        consumer.close()
+    for row in rows:
+        assert "not UTF-8" in row[-1] and row[-3] == b'{"id": 1}' and row[-2] == []
