@@ -176,7 +176,7 @@ class RateLimiter:
         rate: Rate,
         *,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.rate = rate
         self._clock = clock
@@ -379,6 +379,23 @@ class Ticks:
         self.replay.close()
 
 
+def heartbeats(replay: Replay) -> Iterator[Any]:
+    """The replay, followed for good: TICK each time it was quiet for its max_idle.
+
+    Iterating a Replay again goes on from where it stopped (its consumer keeps its
+    place) and yields COMPLETED again when it has nothing pending: passed once here.
+    """
+    completed = False
+    while True:
+        for item in replay:
+            if item is COMPLETED:
+                if completed:
+                    continue
+                completed = True
+            yield item
+        yield TICK
+
+
 def resume_bookmark(positions: dict[TP, int]) -> str:
     """A bookmark list that starts a replay at these next offsets (partitions at 0: EPOCH)."""
     listed = [Position(t, p, offset - 1) for (t, p), offset in sorted(positions.items()) if offset]
@@ -405,23 +422,33 @@ def controlled(
     *,
     bounded: bool,
     idle_limit: float | None,
+    heartbeat: float | None = None,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> Controlled:
     """Open a replay (`open_replay(bookmark, max_idle)`) and apply rate and conflation.
 
     A conflated replay that follows the log (not `bounded` by an end point) needs Ticks to
-    release held messages in a quiet log; a bounded one releases them at its end.
+    release held messages in a quiet log; a bounded one releases them at its end. With
+    `heartbeat` (a gateway's replay thread) the replay never ends and yields TICK after
+    each quiet `heartbeat` seconds instead, which also wakes the conflator. `sleep` is
+    how the rate limiter waits: a gateway passes its stop event's wait, so a slow rate
+    never holds a closed subscription's thread.
     """
     source: Ticks | Replay
     ticks = None
-    if options.conflation is not None and not bounded:
-        tick = max(MIN_TICK, options.conflation / 4)
+    tick = max(MIN_TICK, options.conflation / 4) if options.conflation is not None else None
+    if heartbeat is not None:
+        source = replay = open_replay(bookmark, min(heartbeat, tick or heartbeat))
+        items: Iterator[Any] = heartbeats(replay)
+    elif tick is not None and not bounded:
         source = ticks = Ticks(open_replay, bookmark, tick=tick, idle_limit=idle_limit)
         replay = ticks.replay
+        items = iter(source)
     else:
         source = replay = open_replay(bookmark, idle_limit)
-    items: Iterator[Any] = iter(source)
+        items = iter(source)
     if options.rate is not None:
-        items = RateLimiter(options.rate).paced(items)
+        items = RateLimiter(options.rate, sleep=sleep).paced(items)
     if options.conflation is not None:
         holding = ticks.holding if ticks is not None else None
         conflator = Conflator(options.conflation, options.conflation_keys, on_holding=holding)

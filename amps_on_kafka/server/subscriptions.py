@@ -10,7 +10,9 @@ A subscription with a bookmark, or to a log topic that is not a SOW topic, reads
 log: a Replay (one Kafka consumer, assigned, never in a group) iterated on a thread of
 its own, from the bookmark or from NOW. Its `completed` ack marks the end of the replay.
 The thread waits for the connection to drain every BACKPRESSURE_EVERY messages, so a
-replay goes at the subscriber's pace instead of filling memory.
+replay goes at the subscriber's pace instead of filling memory. Its options (rate,
+conflation, live, fully_durable: seed 004) are parsed and applied by log/controls.py,
+the code a kafka:// client runs for itself, so both transports behave alike.
 """
 
 from __future__ import annotations
@@ -25,10 +27,18 @@ from typing import TYPE_CHECKING
 from amps_on_kafka import NOW
 from amps_on_kafka.errors import AmpsError, MessageError, TransportError
 from amps_on_kafka.expr import Filter
+from amps_on_kafka.log.controls import TICK, Controlled, ReplayOptions, controlled, parse_options
 from amps_on_kafka.log.message import Completed, LogMessage
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.server.replies import ack, delivery, log_delivery, log_payload, record_payload
-from amps_on_kafka.server.requests import ProtocolError, Request, content_filter, options, text
+from amps_on_kafka.server.requests import (
+    ProtocolError,
+    Request,
+    content_filter,
+    options,
+    text,
+    words,
+)
 from amps_on_kafka.state.events import Change, ChangeKind
 from amps_on_kafka.state.record import SowRecord
 
@@ -162,13 +172,20 @@ class LogSubscription:
     """The log from a bookmark (or NOW), filtered, on a thread that owns its Replay."""
 
     def __init__(
-        self, session: Session, request: Request, sub_id: str, topic: str, filter: Filter | None
+        self,
+        session: Session,
+        request: Request,
+        sub_id: str,
+        topic: str,
+        filter: Filter | None,
+        replay_options: ReplayOptions,
     ) -> None:
         self.session = session
         self.request = request
         self.sub_id = sub_id
         self.topic = topic
         self.filter = filter
+        self.options = replay_options
         self.closed = False
         self._completed = False
         self._stop = threading.Event()
@@ -176,47 +193,59 @@ class LogSubscription:
 
     async def start(self, bookmark: str) -> None:
         gateway = self.session.gateway
-        predicate = self.filter.matches if self.filter is not None else None
-        replay = await gateway.blocking(
+        run = await gateway.blocking(
             partial(
-                Replay,
-                gateway.bootstrap,
-                self.topic,
+                controlled,
+                self._open_replay,
                 bookmark,
-                predicate=predicate,
-                registry=gateway.registry,
-                max_idle=REPLAY_IDLE,
+                self.options,
+                bounded=False,
+                idle_limit=None,
+                heartbeat=REPLAY_IDLE,  # TICKs: the thread sees a close in a quiet log
+                sleep=self._stop.wait,  # a paced wait ends at once when it closes
             )
         )
         if self.closed:
-            await gateway.blocking(replay.close)
+            await gateway.blocking(run.source.close)
             return
         if self.request.wants("processed"):
             self.session.send(ack(self.request.header, "processed"))
-        gateway.run_thread(partial(self._pump, replay), f"amps-replay-{self.sub_id}")
+        gateway.run_thread(partial(self._pump, run), f"amps-replay-{self.sub_id}")
+
+    def _open_replay(self, bookmark: str, max_idle: float | None) -> Replay:
+        gateway = self.session.gateway
+        return Replay(
+            gateway.bootstrap,
+            self.topic,
+            bookmark,
+            predicate=self.filter.matches if self.filter is not None else None,
+            registry=gateway.registry,
+            max_idle=max_idle,
+        )
 
     def close(self) -> None:
         self.closed = True
         self._stop.set()
 
     # -- the replay thread -------------------------------------------------------------
-    def _pump(self, replay: Replay) -> None:
+    def _pump(self, run: Controlled) -> None:
         posted = 0
         try:
-            while not self._stop.is_set():
-                for item in replay:  # ends after REPLAY_IDLE without messages
-                    if self._stop.is_set():
-                        break
-                    self._loop.call_soon_threadsafe(self._deliver, item)
-                    posted += 1
-                    if posted % BACKPRESSURE_EVERY == 0:
-                        self._wait_drained()
+            for item in run.items:  # never ends; a TICK after REPLAY_IDLE without messages
+                if self._stop.is_set():
+                    break
+                if item is TICK:
+                    continue
+                self._loop.call_soon_threadsafe(self._deliver, item)
+                posted += 1
+                if posted % BACKPRESSURE_EVERY == 0:
+                    self._wait_drained()
         except AmpsError as exc:
             self._post_failure(exc.reason)
         except RuntimeError:
             pass  # the event loop closed under us: the gateway stopped
         finally:
-            replay.close()
+            run.source.close()
 
     def _wait_drained(self) -> None:
         future = asyncio.run_coroutine_threadsafe(self.session.drain(), self._loop)
@@ -255,17 +284,28 @@ async def subscribe(session: Session, request: Request) -> None:
     topic = text(header, "t", required=True)
     sub_id = subscription_id(header)
     filter = content_filter(header)
-    oof = "oof" in options(header, SUBSCRIBE_OPTIONS)
     bookmark = text(header, "bm")
     if bookmark is None and session.gateway.engine.is_sow_topic(topic):
+        oof = "oof" in options(header, SUBSCRIBE_OPTIONS)
         sub = SowSubscription(session, sub_id, topic, filter, oof=oof)
         session.add_subscription(sub)
         sub.register()
         if request.wants("processed"):
             session.send(ack(header, "processed"))
         return
-    if oof:
-        raise ProtocolError("oof needs a SOW topic of this worker and no bookmark")
-    replayed = LogSubscription(session, request, sub_id, topic, filter)
+    replayed = LogSubscription(session, request, sub_id, topic, filter, log_options(header))
     session.add_subscription(replayed)
     session.spawn(replayed.start(bookmark or NOW), request, on_failure=replayed)
+
+
+def log_options(header: dict) -> ReplayOptions:
+    """A log subscription's `o`, parsed by log/controls.py as a kafka:// client parses
+    it; an OptionError names what is wrong. `pause` is the client's own: it holds the
+    stream it reads (Client.pause / resume), and nothing of it goes over the wire."""
+    given = (text(header, "o") or "").split(",")
+    parsed = parse_options(",".join(item for item in given if item.strip() != "oof"))
+    if "oof" in words(header, "o"):
+        raise ProtocolError("oof needs a SOW topic of this worker and no bookmark")
+    if parsed.paused:
+        raise ProtocolError("pause is not a gateway option: the client pauses its own stream")
+    return parsed

@@ -77,7 +77,7 @@ def test_a_new_logon_with_the_same_name_replaces_the_old_connection(bare_gateway
         ({"c": "sow", "t": "orders"}, "'orders' is not a SOW topic of this worker"),
         ({"c": "unsubscribe", "sub_id": "nope"}, "no subscription 'nope' on this connection"),
         ({"c": "subscribe", "t": "x", "f": "/a = = 1"}, "position"),
-        ({"c": "subscribe", "t": "x", "o": "oof,turbo"}, "option(s) turbo not supported"),
+        ({"c": "subscribe", "t": "x", "o": "oof,turbo"}, "unknown or malformed option 'turbo'"),
         ({"c": "sow_delete", "t": "orders"}, "'orders' is not a SOW topic of this worker"),
     ],
 )

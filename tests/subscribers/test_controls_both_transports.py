@@ -1,0 +1,191 @@
+"""Issue 13, defect 10: seed 004's replay controls behave alike over kafka:// and tcp://.
+
+Over tcp:// the gateway used to refuse every option (`option(s) live not supported
+here`). It now applies log/controls.py, the code a kafka:// client runs for itself, so
+each test runs once per transport and asserts the same observable result: the same
+messages in the same order, the same keys conflated, pacing never faster than asked.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from amps_on_kafka.client import Client
+from amps_on_kafka.log.controls import OptionError
+from amps_on_kafka.log.message import COMPLETED
+from tests.server.conftest import bare_gateway, client_to, wire_to
+from tests.server.helpers import WAIT
+from tests.subscribers.conftest import until_completed
+
+__all__ = ["bare_gateway", "client_to", "wire_to"]  # the gateway fixtures, for tcp://
+
+TRANSPORTS = ("kafka", "tcp")
+
+
+@pytest.fixture(params=TRANSPORTS)
+def subscriber(request, bootstrap) -> Client:
+    """A logged-on Client over each transport in turn."""
+    if request.param == "kafka":
+        uri = f"kafka://{bootstrap}"
+    else:
+        uri = f"tcp://{request.getfixturevalue('bare_gateway').address}/amps/json"
+    with Client(f"controls-{request.param}-{uuid.uuid4().hex[:6]}") as client:
+        client.connect(uri)
+        client.logon()
+        yield client
+
+
+@pytest.fixture
+def published(client, topic_factory) -> Callable[[int], str]:
+    """`published(count)`: a one-partition topic keyed by /id holding {"id": n % 4, "n": n}."""
+
+    def make(count: int) -> str:
+        topic = topic_factory(1, key=("/id",))
+        for n in range(count):
+            client.publish(topic, {"id": n % 4, "n": n})
+        client.publish_flush(30)
+        return topic
+
+    return make
+
+
+def rows(messages: list) -> list[tuple[str, dict]]:
+    return [(m.bookmark, m.data) for m in messages]
+
+
+def replayed(client: Client, topic: str, options: str | None = None) -> list:
+    with client.bookmark_subscribe(topic, "0", options=options, timeout=WAIT) as stream:
+        return until_completed(stream)
+
+
+def test_rate_paces_alike_and_never_faster_than_asked(subscriber, published):
+    """Seed 004 `rate=`: 21 messages at 10/s take at least 2 s from the first to the last
+    on both transports (due times advance by exact steps); the messages are the same."""
+    topic = published(21)
+    started = None
+    with subscriber.bookmark_subscribe(topic, "0", options="rate=10", timeout=WAIT) as stream:
+        messages = []
+        for message in stream:
+            if message is COMPLETED:
+                break
+            started = started or time.monotonic()
+            messages.append(message)
+        span = time.monotonic() - started
+    assert [m.data["n"] for m in messages] == list(range(21))
+    assert span >= 1.9  # 20 steps of 100 ms; the first one's own delivery may lag a little
+
+
+def test_conflation_collapses_the_same_keys_alike(subscriber, published):
+    """Seed 004 `conflation=`: the newest per key, with the bookmark of the first one."""
+    topic = published(12)
+    messages = replayed(subscriber, topic, "conflation=5s,conflation_key=/id")
+    assert [(m.bookmark, m.data["n"]) for m in messages] == [
+        (f"{topic}|0|{k}|", 8 + k) for k in range(4)
+    ]
+
+
+def test_conflation_releases_a_held_message_in_a_quiet_log_alike(subscriber, client, published):
+    """A message held for its interval is released on time though nothing else arrives:
+    on kafka:// by reopening the replay (Ticks), on the gateway by its heartbeat TICKs."""
+    topic = published(0)
+    options = "conflation=300ms"
+    with subscriber.bookmark_subscribe(topic, "0", options=options, timeout=WAIT) as stream:
+        assert next(stream) is COMPLETED
+        client.publish(topic, {"id": 1, "n": 1})
+        client.publish_flush(30)
+        assert next(stream).data == {"id": 1, "n": 1}
+
+
+@pytest.mark.parametrize("option", ["live", "fully_durable"])
+def test_durability_options_are_accepted_alike_and_deliver_the_same(
+    subscriber, published, option
+):
+    """Both read the log up to Kafka's high watermark, so the messages are the same."""
+    topic = published(6)
+    assert rows(replayed(subscriber, topic, option)) == rows(replayed(subscriber, topic))
+
+
+def test_the_pause_option_holds_the_stream_alike(subscriber, published):
+    """`pause` is the client's own on both transports: nothing comes until resume."""
+    topic = published(3)
+    options = "pause"
+    with subscriber.bookmark_subscribe(topic, "0", sub_id="p", options=options, timeout=WAIT) as s:
+        box: list = []
+        arrived = threading.Event()
+
+        def take() -> None:
+            box.append(next(s))
+            arrived.set()
+
+        threading.Thread(target=take, daemon=True).start()
+        assert not arrived.wait(0.5)  # paused: nothing comes (a wait for an absence)
+        subscriber.resume("p")
+        assert arrived.wait(WAIT)
+        assert [box[0].data["n"], *(m.data["n"] for m in until_completed(s))] == [0, 1, 2]
+
+
+def test_options_combine_over_tcp_as_over_kafka(subscriber, published):
+    """rate and conflation together: the conflated messages, paced."""
+    topic = published(8)
+    messages = replayed(subscriber, topic, "rate=1000,conflation=5s")
+    assert sorted(m.data["n"] for m in messages) == [4, 5, 6, 7]
+
+
+# -- the gateway's own answers, on the wire -------------------------------------------------
+
+
+@pytest.fixture
+def wire(bare_gateway, wire_to):
+    connection = wire_to(bare_gateway.address)
+    assert connection.logon("controls-wire").header["status"] == "success"
+    return connection
+
+
+def failure_of(wire, topic: str, options: str, bookmark: str | None = "0") -> str:
+    header = {"c": "subscribe", "cid": "s", "t": topic, "o": options}
+    if bookmark is not None:
+        header["bm"] = bookmark
+    reply = wire.request(header)
+    assert reply.header["status"] == "failure", reply.header
+    return reply.header["reason"]
+
+
+@pytest.mark.parametrize(
+    ("options", "complaint"),
+    [
+        ("rate=fast", "rate 'fast'"),
+        ("conflation=soon", "conflation interval"),
+        ("live,rate=10", "not supported with the live option"),
+        ("replay_faster", "unknown or malformed option 'replay_faster'"),
+        ("pause", "pause is not a gateway option"),
+        ("oof", "oof needs a SOW topic of this worker and no bookmark"),
+    ],
+)
+def test_the_gateway_names_a_bad_option(wire, topic_factory, options, complaint):
+    """The gateway parses options with the same code as kafka://, with its reasons."""
+    assert complaint in failure_of(wire, topic_factory(1), options)
+    assert wire.request({"c": "heartbeat", "cid": "hb"}).header["status"] == "success"
+
+
+def test_a_raw_protocol_subscriber_gets_conflated_deliveries(wire, client, published):
+    """Over the wire: `o` as AMPS spells it; the gateway conflates, bookmark of the first."""
+    topic = published(8)
+    header = {"c": "subscribe", "cid": "c", "t": topic, "bm": "0", "a": "completed"}
+    wire.send({**header, "o": "conflation=5s"})
+    frames = wire.until(lambda f: f.header.get("a") == "completed")[:-1]
+    got = [(f.header["bm"], orjson.loads(f.payload)["n"]) for f in frames]
+    assert got == [(f"{topic}|0|{k}|", 4 + k) for k in range(4)]
+
+
+def test_a_client_refuses_a_bad_option_before_sending_it(bare_gateway, client_to, published):
+    """The tcp:// client checks options as the kafka:// one does (OptionError), so a
+    typo never reaches the gateway."""
+    tcp = client_to(bare_gateway.address)
+    with pytest.raises(OptionError, match="rate 'fast'"):
+        tcp.bookmark_subscribe(published(1), "0", options="rate=fast")
