@@ -228,11 +228,12 @@ class LogPublisher:
             cached = self._counts[topic] = (count, now + PARTITION_COUNT_TTL)
         return cached[0]
 
-    def partition_count_due(self, topic: str) -> bool:
-        """Whether partition_count(topic) would ask Kafka now: a blocking call (up to
-        METADATA_TIMEOUT while Kafka is down) that the gateway makes off its event loop."""
+    def partition_count_due(self, topic: str, margin: float = 0.0) -> bool:
+        """Whether partition_count(topic) would ask Kafka within `margin` seconds: a
+        blocking call (up to METADATA_TIMEOUT while Kafka is down) that the gateway
+        makes off its event loop."""
         cached = self._counts.get(topic)
-        return cached is None or cached[1] <= time.monotonic()
+        return cached is None or cached[1] <= time.monotonic() + margin
 
     def _fan_out(self, spec: TopicSpec) -> list[tuple[int | None, list[tuple[str, bytes]]]]:
         """(partition, extra headers) of each record of a delete by filter: one per

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from amps_on_kafka.errors import AmpsError, PublishError
+from amps_on_kafka.errors import PublishError
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.envelope import Command
@@ -56,6 +56,9 @@ Outcome = Callable[[PublishError | None], None]  # runs on the loop with Kafka's
 IDLE_WAIT = 0.1  # seconds the pump waits for a report when nothing is in flight
 SERVE_SLICE = 0.02  # seconds the pump waits for reports while something is in flight
 DRAIN_SLICE = 500  # delivery outcomes handled per turn of the event loop
+# A partition count this close to its expiry is refreshed (off the loop) before a
+# publish uses it, so that the publish never finds it expired and asks Kafka on the loop.
+REFRESH_MARGIN = 5.0
 # What a command costs the budget beyond its payload: headers, key and librdkafka's own
 # per-message bookkeeping, so a flood of empty publishes is bounded too.
 RECORD_OVERHEAD = 256
@@ -217,7 +220,7 @@ class Writes:
         (the first time, and the count every PARTITION_COUNT_TTL), so that runs off the
         loop — while Kafka was down, a count read on the loop froze every client for 10 s."""
         publisher = self.publisher
-        if topic not in self._known or publisher.partition_count_due(topic):
+        if topic not in self._known or publisher.partition_count_due(topic, REFRESH_MARGIN):
             await self.session.gateway.blocking(self._look_up, topic)
             self._known.add(topic)
         return publisher.spec(topic)
@@ -290,9 +293,9 @@ async def publish(session: Session, request: Request) -> None:
     header = request.header
     topic = text(header, "t", required=True)
     writes = session.writes
-    data = publish_data(await writes.spec(topic), request.payload)
-    pending = await writes.begin(request)
+    pending = await writes.begin(request)  # first: the spec must be fresh when it is used
     try:
+        data = publish_data(await writes.spec(topic), request.payload)
         writes.publisher.publish(
             topic,
             data,
@@ -303,7 +306,7 @@ async def publish(session: Session, request: Request) -> None:
             on_persisted=writes.pump.callback(pending.persisted),
             sequence=count(header, "s"),
         )
-    except AmpsError:
+    except BaseException:  # refused, or the session closed meanwhile: free its share
         writes.abandon(pending)
         raise
     writes.written(pending, 1)
@@ -324,10 +327,10 @@ async def sow_delete(session: Session, request: Request) -> None:
     if filter_text is not None:
         compile_filter(filter_text)  # a bad filter is refused with its position
     writes = session.writes
-    spec = await writes.spec(topic)
-    data = publish_data(spec, request.payload) if request.payload else None
-    pending = await writes.begin(request)
+    pending = await writes.begin(request)  # first: the spec must be fresh when it is used
     try:
+        spec = await writes.spec(topic)
+        data = publish_data(spec, request.payload) if request.payload else None
         sequences = writes.publisher.sow_delete(
             topic,
             filter=filter_text,
@@ -337,7 +340,7 @@ async def sow_delete(session: Session, request: Request) -> None:
             on_persisted=writes.pump.callback(pending.persisted),
             sequence=count(header, "s"),
         )
-    except AmpsError:
+    except BaseException:  # refused, or the session closed meanwhile: free its share
         writes.abandon(pending)
         raise
     writes.written(pending, len(sequences))
