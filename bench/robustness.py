@@ -196,7 +196,8 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
 
 
 class Publisher:
-    """A connection publishing without pause, counting the persisted acks it gets."""
+    """A connection publishing without pause, counting the answers it gets: persisted
+    acks, and failures (persisted, or processed when the publish could not be sent)."""
 
     def __init__(self, address: str, topic: str, name: str) -> None:
         self.sock = connect(address, name)
@@ -227,7 +228,7 @@ class Publisher:
                 header = frame.header
                 if header.get("cid") == "flush":
                     return
-                if header.get("a") == "persisted":
+                if header.get("a") == "persisted" or header["status"] == "failure":
                     self.acks[header["status"]] += 1
                     if "reason" in header:
                         self.reasons[header["reason"].split(":")[0]] += 1
