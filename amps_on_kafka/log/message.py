@@ -101,6 +101,17 @@ class LogMessage:
         return self.envelope.sow_key
 
     @property
+    def sow_keys(self) -> tuple[str, ...] | None:
+        """The keys a sow_delete by key deletes: with `filter`, what a replayed delete
+        needs to be applied to a SOW (its `data` is None)."""
+        return self.envelope.sow_keys
+
+    @property
+    def filter(self) -> str | None:
+        """The filter a sow_delete by filter deletes with."""
+        return self.envelope.filter
+
+    @property
     def expiration(self) -> float | None:
         return self.envelope.expiration
 

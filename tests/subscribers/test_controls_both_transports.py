@@ -16,9 +16,12 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from amps_on_kafka.client import Client
+from amps_on_kafka.client import Client, MemoryBookmarkStore
+from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.controls import OptionError
+from amps_on_kafka.log.envelope import EnvelopeError
 from amps_on_kafka.log.message import COMPLETED
+from tests.cli.test_replay_bad_records import BAD_HEADER, BAD_JSON, produce_raw
 from tests.server.conftest import bare_gateway, client_to, wire_to
 from tests.server.helpers import WAIT
 from tests.subscribers.conftest import until_completed
@@ -189,3 +192,50 @@ def test_a_client_refuses_a_bad_option_before_sending_it(bare_gateway, client_to
     tcp = client_to(bare_gateway.address)
     with pytest.raises(OptionError, match="rate 'fast'"):
         tcp.bookmark_subscribe(published(1), "0", options="rate=fast")
+
+
+# -- bad records and deletes in a client's stream -------------------------------------------
+
+
+def test_a_payload_that_does_not_decode_arrives_alike_and_its_data_says_why(
+    subscriber, client, topic_factory, bootstrap
+):
+    """Issue 13: a record whose payload is not JSON does not end the stream: it arrives
+    with its bookmark, `data` raises MessageError naming the problem, and the replay goes
+    on. The same on both transports."""
+    topic = topic_factory(1, key=("/id",))
+    client.publish(topic, {"id": 1})
+    client.publish_flush(30)
+    produce_raw(bootstrap, topic, [(BAD_JSON, [])])
+    client.publish(topic, {"id": 2})
+    client.publish_flush(30)
+    first, bad, last = replayed(subscriber, topic)
+    assert [m.bookmark for m in (first, bad, last)] == [f"{topic}|0|{n}|" for n in range(3)]
+    with pytest.raises(MessageError, match="payload is not valid JSON"):
+        bad.data  # noqa: B018
+    assert (first.data, last.data) == ({"id": 1}, {"id": 2})
+
+
+def test_a_record_whose_headers_do_not_decode_does_not_end_a_stored_replay(
+    client, topic_factory, bootstrap
+):
+    """kafka:// with a bookmark store, which reads every record's headers: the record
+    arrives, its envelope's properties raise EnvelopeError, and the replay goes on."""
+    topic = topic_factory(1, key=("/id",))
+    produce_raw(bootstrap, topic, [(b'{"id": 1}', [BAD_HEADER]), (b'{"id": 2}', [])])
+    client.set_bookmark_store(MemoryBookmarkStore())
+    bad, good = replayed(client, topic)
+    with pytest.raises(EnvelopeError, match=f"header {BAD_HEADER[0]!r}"):
+        bad.expiration  # noqa: B018
+    assert (bad.data, good.data) == ({"id": 1}, {"id": 2})
+
+
+def test_a_replayed_delete_carries_its_keys_or_its_filter(client, topic_factory):
+    """Issue 13: a replayed delete by key had `data` None and nothing else to apply."""
+    topic = topic_factory(1, key=("/id",))
+    client.sow_delete(topic, keys=["7"])
+    client.sow_delete(topic, filter="/n > 3")
+    client.publish_flush(30)
+    by_key, by_filter = replayed(client, topic)
+    assert (by_key.command, by_key.sow_keys, by_key.filter) == ("sow_delete", ("7",), None)
+    assert (by_filter.sow_keys, by_filter.filter) == (None, "/n > 3")
