@@ -18,6 +18,9 @@ from amps_on_kafka.expr.values import is_null, number, scalar, to_text
 
 _DECIMAL = Context(prec=1000)
 _MAX_DIGITS = 400
+#: The longest text CONCAT builds (characters); longer is NULL. Unbounded, CONCAT(/s, /s, ...)
+#: with thousands of arguments asked for gigabytes from one record and one filter.
+MAX_TEXT = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +96,10 @@ def _round(value: object, digits: object = 0) -> int | float:
 
 
 def _concat(*values: object) -> str:
-    return "".join(_text(value) for value in values if value is not None)
+    texts = [_text(value) for value in values if value is not None]
+    if sum(map(len, texts)) > MAX_TEXT:
+        raise ValueError(f"longer than {MAX_TEXT} characters")
+    return "".join(texts)
 
 
 def _coalesce(*values: object) -> object:

@@ -12,13 +12,21 @@ from amps_on_kafka.errors import FilterError
 from amps_on_kafka.expr import nodes as n
 from amps_on_kafka.expr.functions import FUNCTIONS
 from amps_on_kafka.expr.lexer import Token, describe, error, tokenize
-from amps_on_kafka.expr.patterns import PatternError, compile_pattern
+from amps_on_kafka.expr.patterns import PatternError, program_size
 from amps_on_kafka.expr.values import to_text
 
 MAX_BYTES = 64 * 1024
 #: Deepest nesting accepted, both of parser recursion and of the finished tree.  It keeps the
 #: parser, the code generator and Python's own compiler far from their recursion limits.
 MAX_DEPTH = 50
+#: LIKE patterns in one filter, and the RE2 program size they may add up to. A filter is
+#: compiled on the gateway's event loop and RE2 compiles holding the GIL: unbounded, 2,000
+#: patterns of `(.{100}){10}` took 16 s and 430 MB, with every other session waiting.
+MAX_PATTERNS = 64
+MAX_PATTERN_PROGRAM = 40_000  # RE2 instructions, about 30 ms of compiling
+#: Function calls in one filter. Their results are alive together (the arguments of CONCAT,
+#: the items of IN), so this times functions.MAX_TEXT bounds one evaluation's memory.
+MAX_CALLS = 100
 
 _COMPARE = {"=": "=", "==": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _NEGATABLE = ("IN", "LIKE", "BETWEEN", "BEGINS", "ENDS")
@@ -48,6 +56,9 @@ class _Parser:
         self.tokens = tokenize(text)
         self.index = 0
         self.nesting = 0
+        self.patterns = 0
+        self.program = 0  # RE2 instructions of the patterns so far
+        self.calls = 0
 
     # -- token helpers ----------------------------------------------------------------------
 
@@ -190,10 +201,19 @@ class _Parser:
             raise self.fail("a string literal (LIKE patterns must be literals)")
         self.advance()
         pattern = str(token.value)
+        self.patterns += 1
+        if self.patterns > MAX_PATTERNS:
+            raise error(self.text, token.pos, f"more than {MAX_PATTERNS} LIKE patterns")
         try:
-            compile_pattern(pattern)
+            self.program += program_size(pattern)
         except PatternError as exc:
             raise error(self.text, token.pos, f"invalid LIKE pattern: {exc}") from None
+        if self.program > MAX_PATTERN_PROGRAM:
+            message = (
+                f"the LIKE patterns are too large together ({self.program} RE2 instructions "
+                f"so far, at most {MAX_PATTERN_PROGRAM} in one filter)"
+            )
+            raise error(self.text, token.pos, message)
         return pattern
 
     def additive(self) -> n.Node:
@@ -253,6 +273,9 @@ class _Parser:
         function = FUNCTIONS.get(name)
         if function is None:
             raise error(self.text, name_token.pos, f"unknown function {name_token.text!r}")
+        self.calls += 1
+        if self.calls > MAX_CALLS:
+            raise error(self.text, name_token.pos, f"more than {MAX_CALLS} function calls")
         self.advance()
         self.enter()
         args = [] if self.at_op(")") else self.call_args()
