@@ -49,7 +49,7 @@ from amps_on_kafka.client.mapped_file import (
 )
 from amps_on_kafka.errors import InvalidBookmark
 from amps_on_kafka.log.bookmarks import TP, Position, format_bookmark, parse_bookmark
-from amps_on_kafka.log.envelope import H_PUBLISHER, H_SEQUENCE
+from amps_on_kafka.log.envelope import H_PUBLISHER, H_SEQUENCE, EnvelopeError
 from amps_on_kafka.log.message import LogMessage
 
 
@@ -194,7 +194,11 @@ class SubscriptionBookmarks:
             if offset <= part.seen:
                 pass  # delivered again after a restart: its sequence was seen
             elif isinstance(message, LogMessage):  # the headers, not the whole envelope
-                for name, value in message.headers or ():
+                try:
+                    headers = message.headers or ()
+                except EnvelopeError:  # unreadable: delivered, unchecked, the stream goes on
+                    headers = ()
+                for name, value in headers:
                     if name == H_PUBLISHER:
                         publisher = value
                     elif name == H_SEQUENCE:

@@ -8,6 +8,8 @@ messages in the same order, the same keys conflated, pacing never faster than as
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 import uuid
@@ -239,3 +241,31 @@ def test_a_replayed_delete_carries_its_keys_or_its_filter(client, topic_factory)
     by_key, by_filter = replayed(client, topic)
     assert (by_key.command, by_key.sow_keys, by_key.filter) == ("sow_delete", ("7",), None)
     assert (by_filter.sow_keys, by_filter.filter) == (None, "/n > 3")
+
+
+def write_with_a_header_name_that_is_not_utf8(bootstrap: str, topic: str, count: int) -> None:
+    """Python's client can't write such a name; kcat, as any librdkafka producer, can."""
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.fail("kcat is not installed (scripts/bootstrap.sh installs it)")
+    command = [kcat.encode(), b"-b", bootstrap.encode(), b"-t", topic.encode(), b"-P"]
+    lines = b'{"id": 1}\n' * count
+    subprocess.run([*command, b"-H", b"\xff\xfe=v"], input=lines, check=True, timeout=30)
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_a_header_name_that_is_not_utf8_does_not_end_a_kafka_replay(
+    client, topic_factory, bootstrap, store
+):
+    """Such headers don't read at all (EnvelopeError); a bookmark store reads every
+    record's headers for duplicate detection: the record still arrives, undetected as a
+    duplicate, and the replay goes on."""
+    topic = topic_factory(1, key=("/id",))
+    write_with_a_header_name_that_is_not_utf8(bootstrap, topic, 3)
+    produce_raw(bootstrap, topic, [(b'{"id": 2}', [])])
+    if store:
+        client.set_bookmark_store(MemoryBookmarkStore())
+    messages = replayed(client, topic)
+    assert [m.data["id"] for m in messages] == [1, 1, 1, 2]
+    with pytest.raises(EnvelopeError, match="not UTF-8"):
+        messages[0].command  # noqa: B018
