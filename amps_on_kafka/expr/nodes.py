@@ -130,6 +130,24 @@ def children(node: Node) -> Iterator[Node]:
             yield from (item for item in value if isinstance(item, Node))
 
 
+def beyond(root: Node, limit: int) -> Node | None:
+    """The node at which a walk in source order has counted more than `limit` nodes that
+    become code, or None. The literal items of an IN are one constant and do not count."""
+    count, stack = 0, [root]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > limit:
+            return node
+        coded = (node.operand,) if _literal_in(node) else tuple(children(node))  # type: ignore[attr-defined]
+        stack.extend(reversed(coded))
+    return None
+
+
+def _literal_in(node: Node) -> bool:
+    return isinstance(node, In) and all(isinstance(item, Literal) for item in node.items)
+
+
 def depth(root: Node) -> tuple[int, Node]:
     """The tree's depth and its deepest node, computed without recursion."""
     deepest, best = 1, root

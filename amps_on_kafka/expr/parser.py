@@ -27,6 +27,10 @@ MAX_PATTERN_PROGRAM = 40_000  # RE2 instructions, about 30 ms of compiling
 #: Function calls in one filter. Their results are alive together (the arguments of CONCAT,
 #: the items of IN), so this times functions.MAX_TEXT bounds one evaluation's memory.
 MAX_CALLS = 100
+#: Nodes that become code. Python's compile() of the generated function holds the GIL in one
+#: call: 3,000 ORed equalities took 250 ms, while every other session waited; 500 nodes take
+#: about 20 ms, and long lists of values belong in IN, whose literals are one constant.
+MAX_NODES = 500
 
 _COMPARE = {"=": "=", "==": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _NEGATABLE = ("IN", "LIKE", "BETWEEN", "BEGINS", "ENDS")
@@ -108,6 +112,10 @@ class _Parser:
         levels, deepest = n.depth(root)
         if levels > MAX_DEPTH:
             raise error(self.text, deepest.pos, f"nested more than {MAX_DEPTH} levels deep")
+        too_many = n.beyond(root, MAX_NODES)
+        if too_many is not None:
+            message = f"more than {MAX_NODES} operations (a long list of values fits in IN)"
+            raise error(self.text, too_many.pos, message)
         return root
 
     def or_expr(self) -> n.Node:

@@ -10,7 +10,13 @@ import pytest
 
 from amps_on_kafka.expr import FilterError, compile_filter
 from amps_on_kafka.expr.functions import MAX_TEXT
-from amps_on_kafka.expr.parser import MAX_CALLS, MAX_DEPTH, MAX_PATTERN_PROGRAM, MAX_PATTERNS
+from amps_on_kafka.expr.parser import (
+    MAX_CALLS,
+    MAX_DEPTH,
+    MAX_NODES,
+    MAX_PATTERN_PROGRAM,
+    MAX_PATTERNS,
+)
 from amps_on_kafka.expr.patterns import program_size
 from tests.expr.helpers import match, value
 
@@ -78,3 +84,19 @@ def test_a_lone_surrogate_in_a_pattern_is_matched_not_an_encoding_error() -> Non
     not a FilterError, out of compile_filter."""
     assert match("/s LIKE '\ud800'", {"s": "x\ud800"})
     assert not match("/s LIKE '\ud800'", {"s": "x"})
+
+
+def test_the_operations_python_compiles_in_one_call_are_bounded() -> None:
+    """compile() of the generated code holds the GIL in one call: 3,000 ORed equalities
+    took 250 ms on the event loop. The error names the operation past the limit."""
+    terms = [f"/a = {i}" for i in range(MAX_NODES)]
+    said = error_of(" OR ".join(terms))
+    fits = (MAX_NODES - 1) // 3  # an OR, then a comparison, a path and a literal each
+    position = len(" OR ".join(terms[:fits])) + len(" OR ") + 1
+    assert said.startswith(f"at position {position}: more than {MAX_NODES} operations")
+    assert match(" OR ".join(terms[:fits]), {"a": fits - 1})
+
+
+def test_a_long_in_list_of_literals_is_one_constant_not_operations() -> None:
+    items = ", ".join(str(i) for i in range(10 * MAX_NODES))
+    assert match(f"/a IN ({items})", {"a": 10 * MAX_NODES - 1})
