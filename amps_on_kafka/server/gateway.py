@@ -109,12 +109,9 @@ class Gateway:
             self.loop.close()
         for thread in self._threads:
             thread.join(timeout)
-        self._flush_producer(timeout)
         self.pump.stop()
         self._executor.shutdown(wait=True)
-        if not self._producer_closed:  # its threads and connections go now, not at GC
-            self._producer_closed = True
-            self.producer.close()
+        self._close_producer(timeout)
 
     def __enter__(self) -> Gateway:
         self.start()
@@ -129,11 +126,16 @@ class Gateway:
         for session in list(self._sessions):
             session.close()
 
-    def _flush_producer(self, timeout: float) -> None:
-        """What the sessions published still goes to Kafka, within `timeout`."""
+    def _close_producer(self, timeout: float) -> None:
+        """What the sessions published still goes to Kafka, within `timeout`; then the
+        producer's threads and connections go now, not whenever the GC frees it."""
+        if self._producer_closed:
+            return
+        self._producer_closed = True
         unsent = self.producer.flush(timeout)
         if unsent:
             log.warning("gateway stopped with %d publish(es) Kafka had not acknowledged", unsent)
+        self.producer.close()
 
     # -- the event loop -----------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
