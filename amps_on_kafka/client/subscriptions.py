@@ -11,7 +11,8 @@ A subscription's stream is built as a pipeline:
 
 On `kafka://` the replay runs here, so the options are applied here. On `tcp://` the
 gateway runs the replay: the options except `pause` go to it in the subscribe command,
-as AMPS sends them, and pausing holds the stream in the client.
+as AMPS sends them, and it applies them with the same log/controls.py; pausing holds
+the stream in the client on both transports.
 """
 
 from __future__ import annotations

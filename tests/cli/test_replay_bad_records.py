@@ -8,14 +8,17 @@ not JSON, and an envelope header that does not decode.
 from __future__ import annotations
 
 import base64
+import io
 import uuid
 
 import orjson
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
+from hypothesis import given
+from hypothesis import strategies as st
 
-from amps_on_kafka.cli.replay import replay
+from amps_on_kafka.cli.replay import Undecodable, _jsonl, replay
 from amps_on_kafka.client import Client
 from amps_on_kafka.config.model import SowConfig
 from amps_on_kafka.expr import compile_filter
@@ -190,3 +193,35 @@ def test_a_replay_folds_into_the_sow_the_worker_rules_make(bootstrap, client, to
     assert folded == sow_by_the_rules(bootstrap, topic)
     assert set(folded) == {"0", "3", "5", "6", "8", "9", "11"}
     assert folded["3"]["v"] == 9 and folded["6"] == {"id": 6, "name": "back"}
+
+
+# -- any record: one line, never a crash ------------------------------------------------------
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+ENVELOPE_NAMES = ("c", "t", "k", "e", "p", "s", "x", "m", "f", "ks", "zz")
+HEADERS = st.lists(
+    st.tuples(st.sampled_from(ENVELOPE_NAMES), st.one_of(st.none(), st.binary(max_size=12))),
+    max_size=4,
+)
+VALUES = st.one_of(
+    st.none(),
+    st.binary(max_size=24),
+    st.builds(orjson.dumps, st.dictionaries(st.sampled_from("abid"), INT64, max_size=3)),
+)
+
+
+@given(value=VALUES, headers=HEADERS)
+def test_any_record_is_one_jsonl_line_in_raw_mode(value, headers):
+    """Whatever a producer wrote, `--on-error raw` prints exactly one JSON line for it:
+    the message, or its bookmark with the reason and its value in base64."""
+    message = LogMessage("t", 0, 7, 1_763_850_000_000, value, headers, JSON)
+    out = io.BytesIO()
+    write = Undecodable("raw").guard(_jsonl)
+    write(out, message)
+    (line,) = out.getvalue().splitlines()
+    printed = orjson.loads(line)
+    assert printed["bookmark"] == "t|0|7|"
+    if "error" in printed:
+        assert printed["raw"] == (None if value is None else base64.b64encode(value).decode())
+    else:
+        assert printed["data"] == (None if value is None else orjson.loads(value))

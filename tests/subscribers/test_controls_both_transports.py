@@ -269,3 +269,22 @@ def test_a_header_name_that_is_not_utf8_does_not_end_a_kafka_replay(
     assert [m.data["id"] for m in messages] == [1, 1, 1, 2]
     with pytest.raises(EnvelopeError, match="not UTF-8"):
         messages[0].command  # noqa: B018
+
+
+def replay_threads(sub_id: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"amps-replay-{sub_id}"]
+
+
+def test_a_slowly_paced_gateway_replay_ends_at_once_when_unsubscribed(wire, published):
+    """At rate=0.2 the gateway's replay thread waits 5 s between messages; it waits on
+    the subscription's stop event, so an unsubscribe ends it within a second, not at the
+    next due time (a thread per forgotten subscription otherwise)."""
+    topic = published(3)
+    header = {"c": "subscribe", "cid": "slow", "sub_id": "slow", "t": topic, "bm": "0"}
+    wire.send({**header, "o": "rate=0.2"})
+    assert orjson.loads(wire.recv().payload)["n"] == 0
+    (thread,) = replay_threads("slow")
+    reply = wire.request({"c": "unsubscribe", "cid": "u", "sub_id": "slow", "a": "processed"})
+    assert reply.header["status"] == "success"
+    thread.join(1.0)
+    assert not thread.is_alive()

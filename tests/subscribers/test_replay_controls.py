@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import orjson
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from amps_on_kafka import NOW
 from amps_on_kafka.cli.replay import replay
@@ -52,6 +55,38 @@ def test_options_combine_and_say_what_is_wrong():
     ]:
         with pytest.raises(OptionError, match=complaint):
             parse_options(bad)
+
+
+OPTION_TEXT = st.lists(
+    st.one_of(
+        st.sampled_from(["pause", "live", "fully_durable", "oof", "", " "]),
+        st.builds(
+            "{}={}".format,
+            st.sampled_from(["rate", "conflation", "conflation_key", "Rate", "x"]),
+            st.one_of(
+                st.sampled_from(["10", "2x", "0.5X", "500KB", "1s", "250ms", "/id", "0", "-1"]),
+                st.builds(
+                    "{:g}{}".format, st.floats(1e-9, 1e9), st.sampled_from(["", "s", "ms", "x"])
+                ),
+                st.text(max_size=8),
+            ),
+        ),
+        st.text(max_size=12),
+    ),
+    max_size=6,
+).map(",".join)
+
+
+@given(OPTION_TEXT)
+def test_any_option_text_parses_or_is_an_option_error(text):
+    """Issue 13: the gateway parses `o` from any client; nothing but OptionError may
+    come out of it, and what it accepts it can say again (server_options)."""
+    try:
+        options = parse_options(text)
+    except OptionError as exc:
+        assert exc.reason
+        return
+    assert replace(parse_options(options.server_options()), paused=options.paused) == options
 
 
 def test_a_gateway_gets_every_option_but_pause():
