@@ -40,6 +40,9 @@ from amps_on_kafka.log.replay import Replay
 Predicate = Callable[[Any], bool]
 SLACK = 0.05  # seconds a paced stream may fall behind before it stops catching up
 MIN_TICK = 0.05  # seconds: how often a quiet conflated replay is reopened, at most
+# Keys a conflator holds at most: beyond, the oldest is delivered before its interval
+# ends. A gateway conflates for any client, so the interval must not decide its memory.
+MAX_CONFLATED = 100_000
 
 
 class OptionError(AmpsError, ValueError):
@@ -231,6 +234,8 @@ class Conflator:
     duplicate detection sees sequences in log order. The key is the conflation_key
     fields, else the SOW key; a message with neither is not conflated. Held messages are
     released before COMPLETED, so the marker still means "the replay has been delivered".
+    At most `max_held` keys are held: a newer key beyond that releases the oldest early
+    (conflated less, never lost), so memory doesn't grow with the interval.
     """
 
     def __init__(
@@ -238,10 +243,12 @@ class Conflator:
         interval: float,
         key_paths: Sequence[str] = (),
         *,
+        max_held: int = MAX_CONFLATED,
         on_holding: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.interval = interval
+        self.max_held = max_held
         self._extract = KeyExtractor(key_paths) if key_paths else None
         self._on_holding = on_holding or (lambda holding: None)
         self._clock = clock
@@ -271,11 +278,12 @@ class Conflator:
             entry[1] = message
 
     def _release(self, held: OrderedDict[Any, list], now: float | None) -> Iterator[LogMessage]:
-        """Messages whose interval ended (all of them when now is None), oldest first."""
+        """Messages whose interval ended (all of them when now is None), oldest first,
+        and the oldest beyond max_held."""
         had = bool(held)
         while held:
             first, newest, deadline = next(iter(held.values()))
-            if now is not None and deadline > now:
+            if now is not None and deadline > now and len(held) <= self.max_held:
                 break
             held.popitem(last=False)
             yield merged(first, newest)

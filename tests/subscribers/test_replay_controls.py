@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from amps_on_kafka import NOW
 from amps_on_kafka.cli.replay import replay
 from amps_on_kafka.client import MemoryBookmarkStore
-from amps_on_kafka.log.controls import OptionError, Rate, parse_options, parse_rate
-from amps_on_kafka.log.message import COMPLETED
+from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.controls import Conflator, OptionError, Rate, parse_options, parse_rate
+from amps_on_kafka.log.message import COMPLETED, LogMessage
 from tests.subscribers.conftest import until_completed
 
 # -- options --------------------------------------------------------------------------
@@ -338,3 +339,25 @@ def test_cli_replay_refuses_a_bad_rate(bootstrap, filled):
     topic = filled(1)
     result = CliRunner().invoke(replay, [topic, "--rate", "fast", "-b", bootstrap])
     assert result.exit_code != 0 and "rate 'fast'" in result.output
+
+
+def test_a_conflator_holds_at_most_max_held_keys():
+    """Issue 13, every buffer has a bound: a gateway conflates for any client. With an
+    hour's interval and more keys than max_held, the oldest key is delivered early
+    (still conflated up to then, with its first bookmark), none lost."""
+    keys = [b"a", b"a", b"b", b"c", b"d"]
+    messages = [
+        LogMessage("t", 0, n, 0, b'{"n": %d}' % n, [("k", key)], JSON)
+        for n, key in enumerate(keys)
+    ]
+    delivered = list(Conflator(3600, max_held=2).conflated(iter([*messages, COMPLETED])))
+    assert [(m.offset, m.data["n"]) for m in delivered[:-1]] == [(0, 1), (2, 2), (3, 3), (4, 4)]
+    assert delivered[-1] is COMPLETED
+
+
+    def three_keys_then_nothing():
+        yield from messages[:4]  # keys a, a, b, c
+        raise AssertionError("the conflator read on instead of releasing the oldest key")
+
+    early = Conflator(3600, max_held=2).conflated(three_keys_then_nothing())
+    assert next(early).offset == 0  # released by the bound, an hour early
