@@ -23,7 +23,7 @@ MAX_DEPTH = 50
 #: compiled on the gateway's event loop and RE2 compiles holding the GIL: unbounded, 2,000
 #: patterns of `(.{100}){10}` took 16 s and 430 MB, with every other session waiting.
 MAX_PATTERNS = 64
-MAX_PATTERN_PROGRAM = 40_000  # RE2 instructions, about 30 ms of compiling
+MAX_PATTERN_PROGRAM = 10_000  # RE2 instructions, about 10 ms of compiling
 #: Function calls in one filter. Their results are alive together (the arguments of CONCAT,
 #: the items of IN), so this times functions.MAX_TEXT bounds one evaluation's memory.
 MAX_CALLS = 100

@@ -19,10 +19,17 @@ import re2
 from re2 import _re2
 
 _UNANCHORED = _re2.RE2.Anchor.UNANCHORED
-#: RE2's memory budget for one pattern (program and match caches). RE2's compile time grows
-#: with the program and holds the GIL: at 8 MiB `\pL{300}` took 0.3 s; at 1 MiB the largest
-#: program compiles in about 30 ms and a pattern past the budget is refused in about 12 ms.
-MAX_PATTERN_BYTES = 1 << 20
+#: RE2's memory budget for the check compile. RE2's compile time grows with the program and
+#: holds the GIL: at 8 MiB `\pL{300}` took 0.3 s; at 1 MiB the largest program compiles in
+#: about 30 ms and a pattern past the budget is refused in about 12 ms.
+CHECK_BYTES = 1 << 20
+#: The largest program (RE2 instructions) of one pattern. RE2 is linear in the text only
+#: while its DFA's states fit its memory; past that it falls back to an NFA that steps every
+#: live instruction for every byte: `.{1000}x` took 12 s on 300,000 characters at 8 MiB.
+#: Up to this size, 8 MiB has held every pattern tried to about 10 ms a megabyte.
+MAX_PROGRAM = 2_500
+#: RE2's memory budget for matching (its default): program, then DFA states as they come.
+MATCH_BYTES = 8 << 20
 
 # What RE2's error says, and what to tell the user instead.
 _UNSUPPORTED = (
@@ -42,15 +49,16 @@ class PatternError(ValueError):
     """A LIKE pattern RE2 cannot compile; the message names what is wrong."""
 
 
-def _options() -> re2.Options:
+def _options(max_mem: int) -> re2.Options:
     options = re2.Options()
     options.log_errors = False  # RE2 would print each refused pattern to stderr
     options.never_capture = True  # LIKE asks only whether there is a match
-    options.max_mem = MAX_PATTERN_BYTES
+    options.max_mem = max_mem
     return options
 
 
-_OPTIONS = _options()
+_CHECK = _options(CHECK_BYTES)
+_MATCH = _options(MATCH_BYTES)
 
 
 def compile_pattern(pattern: str) -> Callable[[str], bool]:
@@ -75,10 +83,17 @@ def program_size(pattern: str) -> int:
 def _compiled(pattern: str) -> _re2.RE2:
     """One compile per pattern for the parser's check and the generated code alike (RE2
     objects are immutable and safe to share between threads)."""
-    regexp = _re2.RE2(pattern.encode(errors="surrogatepass"), _OPTIONS)
-    if not regexp.ok():
-        raise PatternError(_explain(regexp.error()))
-    return regexp
+    encoded = pattern.encode(errors="surrogatepass")
+    check = _re2.RE2(encoded, _CHECK)
+    if not check.ok():
+        raise PatternError(_explain(check.error()))
+    if check.ProgramSize() > MAX_PROGRAM:
+        raise PatternError(
+            f"pattern too large: {check.ProgramSize()} RE2 instructions, at most {MAX_PROGRAM} "
+            "(counted repeats such as .{300} and Unicode classes such as \\pL are large, "
+            "[a-z] is small)"
+        )
+    return _re2.RE2(encoded, _MATCH)
 
 
 def _explain(error: str | bytes) -> str:

@@ -17,7 +17,7 @@ from amps_on_kafka.expr.parser import (
     MAX_PATTERN_PROGRAM,
     MAX_PATTERNS,
 )
-from amps_on_kafka.expr.patterns import program_size
+from amps_on_kafka.expr.patterns import MAX_PROGRAM, program_size
 from tests.expr.helpers import match, value
 
 
@@ -30,7 +30,7 @@ def error_of(text: str) -> str:
 def test_many_heavy_like_patterns_are_refused_at_the_budget_not_compiled_for_seconds() -> None:
     """Unbounded, 2,000 patterns of `(.{100}){10}` compiled for 16 s (holding the GIL on
     the event loop) into 430 MB; the budget stops at the pattern that passes it."""
-    heavy = "(.{100}){10}"
+    heavy = ".{300}"
     per_pattern = program_size(heavy)
     fits = MAX_PATTERN_PROGRAM // per_pattern
     assert match(" OR ".join([f"/s LIKE '{heavy}'"] * fits), {"s": "x" * 1000})
@@ -41,6 +41,24 @@ def test_many_heavy_like_patterns_are_refused_at_the_budget_not_compiled_for_sec
     position = len(" OR ".join([f"/s LIKE '{heavy}'"] * (fits + 1))) - len(heavy) - 1
     assert said.startswith(f"at position {position}: the LIKE patterns are too large together")
     assert f"at most {MAX_PATTERN_PROGRAM} in one filter" in said
+
+
+def test_a_pattern_whose_program_outgrows_the_dfa_is_refused_by_its_size() -> None:
+    """`(.{100}){10}` is 8,004 RE2 instructions: RE2's DFA ran out of room on long texts
+    and its NFA fallback took 12 s on 300,000 characters, still linear but by the program."""
+    said = error_of("/s LIKE '(.{100}){10}'")
+    assert said.startswith("at position 9: invalid LIKE pattern: pattern too large: 8004 RE2")
+    assert f"at most {MAX_PROGRAM}" in said
+
+
+def test_the_largest_pattern_allowed_matches_a_megabyte_without_the_nfa_fallback() -> None:
+    """`.{300}x` on 333,333 three-byte characters: 5.7 s when matching had RE2's 1 MiB
+    check budget (the DFA thrashed into the NFA), milliseconds with 8 MiB."""
+    assert program_size(".{300}x") <= MAX_PROGRAM
+    filter = compile_filter("/s LIKE '.{300}x'")
+    started = time.perf_counter()
+    assert not filter.matches({"s": "\u4e00" * 333_333})
+    assert time.perf_counter() - started < 1.0
 
 
 def test_a_single_pattern_past_re2s_budget_is_refused_quickly() -> None:
