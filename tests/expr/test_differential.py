@@ -78,7 +78,15 @@ def value_exprs(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
 
 
 values_text = st.recursive(operands, value_exprs, max_leaves=4)
-patterns = st.sampled_from(["'^a'", "'b$'", "'(?i)x'", "'1'", "'^$'", "''", "'.'", "'^t'"])
+# LIKE runs on RE2, the reference on Python's re: these are patterns both read alike
+# (no \\w or \\d, which RE2 keeps to ASCII), counted repeats and lazy forms included.
+patterns = st.sampled_from(
+    [
+        *("'^a'", "'b$'", "'(?i)x'", "'1'", "'^$'", "''", "'.'", "'^t'", "'[ab]+$'"),
+        *("'^(ab)*$'", "'a|t'", "'(?i)^T'", "'x*'", "'.{2,3}'", "'^.?$'", "'[^a-z]'"),
+        *("'e(ue)?$'", "'^-?[0-9]+$'", "'^.*?b'", "'(a|b){2}'"),
+    ]
+)
 
 
 def predicates(v: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
