@@ -198,7 +198,15 @@ _NEWLINE = orjson.OPT_APPEND_NEWLINE
 def _jsonl(out: BinaryIO, message: LogMessage) -> None:
     """The whole line is built before anything is written: a record failing half-way
     leaves no half line."""
-    out.write(orjson.dumps(message_line(message), option=_NEWLINE))
+    out.write(orjson.dumps(message_line(message), option=_NEWLINE, default=_base64))
+
+
+def _base64(value: Any) -> Any:
+    """Bytes inside a payload (an Avro `bytes` or `fixed` field) as {"base64": ...}, the
+    way a binary payload is printed: JSON has no bytes, and the line must still print."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def message_line(message: LogMessage) -> dict[str, Any]:
@@ -206,7 +214,7 @@ def message_line(message: LogMessage) -> dict[str, Any]:
     its payload or headers don't decode."""
     data = message.data
     if isinstance(data, bytes):
-        data = {"base64": base64.b64encode(data).decode()}
+        data = _base64(data)
     envelope = message.envelope
     line = {
         "bookmark": message.bookmark,

@@ -22,7 +22,7 @@ from amps_on_kafka.cli.replay import Undecodable, _jsonl, replay
 from amps_on_kafka.client import Client
 from amps_on_kafka.config.model import SowConfig
 from amps_on_kafka.expr import compile_filter
-from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.codecs import JSON, AvroCodec
 from amps_on_kafka.log.envelope import H_COMMAND, H_EXPIRATION
 from amps_on_kafka.log.keys import KeyExtractor
 from amps_on_kafka.log.message import LogMessage
@@ -225,3 +225,12 @@ def test_any_record_is_one_jsonl_line_in_raw_mode(value, headers):
         assert printed["raw"] == (None if value is None else base64.b64encode(value).decode())
     else:
         assert printed["data"] == (None if value is None else orjson.loads(value))
+
+
+def test_bytes_inside_an_avro_payload_print_as_base64():
+    """An Avro `bytes` field made the jsonl line fail with a TypeError traceback."""
+    codec = AvroCodec({"type": "record", "name": "r", "fields": [{"name": "b", "type": "bytes"}]})
+    message = LogMessage("t", 0, 1, 0, codec.encode({"b": b"\xff\x00"}), None, codec)
+    out = io.BytesIO()
+    _jsonl(out, message)
+    assert orjson.loads(out.getvalue())["data"] == {"b": {"base64": "/wA="}}
