@@ -39,13 +39,12 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from amps_on_kafka.errors import PublishError
-from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.server.replies import ack
-from amps_on_kafka.server.requests import Request, count, number, sow_keys, text
+from amps_on_kafka.server.requests import Request, compiled_filter, count, number, sow_keys, text
 from amps_on_kafka.state.events import CommandResult
 
 if TYPE_CHECKING:
@@ -325,7 +324,7 @@ async def sow_delete(session: Session, request: Request) -> None:
     session.gateway.engine.sow_config(topic)  # only this worker's SOW topics can be counted
     filter_text = text(header, "f")
     if filter_text is not None:
-        compile_filter(filter_text)  # a bad filter is refused with its position
+        await compiled_filter(session, header)  # a bad filter is refused with its position
     writes = session.writes
     pending = await writes.begin(request)  # first: the spec must be fresh when it is used
     try:

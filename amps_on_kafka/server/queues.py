@@ -36,7 +36,7 @@ from amps_on_kafka.server.requests import (
     MAX_BATCH,
     ProtocolError,
     Request,
-    content_filter,
+    compiled_filter,
     count,
     text,
     words,
@@ -163,7 +163,9 @@ async def subscribe(session: Session, request: Request) -> None:
         await _replay_underlying(session, request)
         return
     pattern = text(header, "t", required=True)
-    content_filter(header)  # a bad filter is refused with its position
+    await compiled_filter(session, header)  # a bad filter is refused with its position
+    if session.closed:  # while the filter compiled: a subscription now would never be closed
+        return
     sub = QueueSubscriber(session, subscription_id(header))
     session.add_subscription(sub)
     try:
@@ -213,7 +215,7 @@ async def sow_delete(session: Session, request: Request) -> None:
     else:
         if option is not None:
             raise ProtocolError(f"option {option} needs bookmarks, not a filter")
-        content_filter(header)
+        await compiled_filter(session, header)
         command = partial(engine.ack_by_filter, queue, filter_text, session)
     if request.wants("processed"):
         session.spawn(_answer(session, request, command()), request)
@@ -258,7 +260,7 @@ async def sow(session: Session, request: Request) -> None:
     header = request.header
     queue = text(header, "t", required=True)
     filter_text = text(header, "f")
-    content_filter(header)
+    await compiled_filter(session, header)
     query = Query(
         topic=queue,  # type: ignore[arg-type]
         filter=None,

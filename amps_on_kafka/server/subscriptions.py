@@ -34,7 +34,7 @@ from amps_on_kafka.server.replies import ack, delivery, log_delivery, log_payloa
 from amps_on_kafka.server.requests import (
     ProtocolError,
     Request,
-    content_filter,
+    compiled_filter,
     options,
     text,
     words,
@@ -283,7 +283,9 @@ async def subscribe(session: Session, request: Request) -> None:
     header = request.header
     topic = text(header, "t", required=True)
     sub_id = subscription_id(header)
-    filter = content_filter(header)
+    filter = await compiled_filter(session, header)
+    if session.closed:  # while the filter compiled: a subscription now would never be closed
+        return
     bookmark = text(header, "bm")
     if bookmark is None and session.gateway.engine.is_sow_topic(topic):
         oof = "oof" in options(header, SUBSCRIBE_OPTIONS)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from amps_on_kafka.expr.parser import MAX_BYTES
 from tests.server.helpers import Wire, is_ack
 
@@ -46,8 +48,18 @@ class FailureWatch(threading.Thread):
             self.received.set()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        {"c": "sow"},
+        {"c": "sow_and_subscribe", "sub_id": "s"},
+        {"c": "subscribe", "sub_id": "s"},
+        {"c": "sow_delete"},
+    ],
+    ids=lambda command: command["c"],
+)
 def test_a_heartbeat_is_answered_while_another_sessions_long_filter_compiles(
-    served, wire_to
+    served, wire_to, command
 ) -> None:
     text = long_bad_filter()
     assert len(text) <= MAX_BYTES
@@ -56,7 +68,7 @@ def test_a_heartbeat_is_answered_while_another_sessions_long_filter_compiles(
     other.logon("other")
     watch = FailureWatch(compiler)
     watch.start()
-    compiler.send({"c": "sow", "cid": "q", "t": served.topic, "f": text, "a": "received"})
+    compiler.send({**command, "cid": "q", "t": served.topic, "f": text, "a": "received"})
     assert watch.received.wait(60)
     assert is_ack(other.request({"c": "heartbeat", "cid": "hb"}), "heartbeat")
     answered_at = time.monotonic()
