@@ -79,10 +79,11 @@ def program_size(pattern: str) -> int:
     return int(_compiled(pattern).ProgramSize())
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _compiled(pattern: str) -> _re2.RE2:
     """One compile per pattern for the parser's check and the generated code alike (RE2
-    objects are immutable and safe to share between threads)."""
+    objects are safe to share between threads). Kept small: each may grow its DFA to
+    MATCH_BYTES, and the compiled filters hold the patterns they use anyway."""
     encoded = pattern.encode(errors="surrogatepass")
     check = _re2.RE2(encoded, _CHECK)
     if not check.ok():
