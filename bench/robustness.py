@@ -44,7 +44,7 @@ import yaml
 from amps_on_kafka.broker.local import LocalBroker
 from amps_on_kafka.broker.testing import free_ports
 from amps_on_kafka.client import Client
-from amps_on_kafka.server.frames import FrameDecoder, encode_frame
+from amps_on_kafka.protocol.frames import FrameDecoder, encode_frame
 from bench.common import bootstrap, documents, new_topic
 
 MiB = 1024 * 1024

@@ -29,7 +29,7 @@ from amps_on_kafka.errors import MessageError, PublishError, ServerError, Transp
 from amps_on_kafka.log.envelope import Command, check_expiration
 from amps_on_kafka.log.message import COMPLETED, Completed
 from amps_on_kafka.log.publisher import FailedWrite
-from amps_on_kafka.server.frames import READ_SIZE, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.protocol.frames import READ_SIZE, Frame, FrameDecoder, encode_frame
 
 log = logging.getLogger(__name__)
 

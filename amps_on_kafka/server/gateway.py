@@ -26,8 +26,8 @@ from amps_on_kafka.log.kafka import log_producer
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
+from amps_on_kafka.protocol.frames import READ_SIZE, encode_frame
 from amps_on_kafka.server.fanout import Fanout
-from amps_on_kafka.server.frames import READ_SIZE, encode_frame
 from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump, PublishBudget
 from amps_on_kafka.server.queues import QueueService
 from amps_on_kafka.server.replies import ack

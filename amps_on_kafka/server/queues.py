@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from amps_on_kafka.errors import AmpsError, UnknownTopic
 from amps_on_kafka.processor.engine import QueryResult
 from amps_on_kafka.processor.queues import QueueEngine, QueueMessage, QueueSubscription
-from amps_on_kafka.server.frames import encode_frame
+from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.queries import DEFAULT_BATCH, Query, send_snapshot
 from amps_on_kafka.server.replies import ack, wire_payload
 from amps_on_kafka.server.requests import (

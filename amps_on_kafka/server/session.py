@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.protocol.frames import READ_SIZE, BadFrame, Frame, FrameDecoder, encode_frame
 from amps_on_kafka.server import publishing, queries, queues, subscriptions
-from amps_on_kafka.server.frames import READ_SIZE, BadFrame, Frame, FrameDecoder, encode_frame
 from amps_on_kafka.server.publishing import Writes
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.requests import ProtocolError, Request, acks, text

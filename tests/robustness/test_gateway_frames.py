@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from amps_on_kafka.server.frames import Frame
+from amps_on_kafka.protocol.frames import Frame
 from amps_on_kafka.server.session import HANDLERS
 from tests.server.conftest import served, wire_to  # noqa: F401 (fixtures)
 from tests.server.helpers import Wire, is_ack

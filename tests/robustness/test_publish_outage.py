@@ -39,7 +39,7 @@ from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
-from amps_on_kafka.server.frames import BadFrame, FrameDecoder, encode_frame
+from amps_on_kafka.protocol.frames import BadFrame, FrameDecoder, encode_frame
 from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import create_topic
 from tests.server.helpers import Wire

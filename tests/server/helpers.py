@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from amps_on_kafka.server.frames import BadFrame, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.protocol.frames import BadFrame, Frame, FrameDecoder, encode_frame
 
 WAIT = 15.0
 

@@ -20,7 +20,7 @@ from amps_on_kafka.config import Config
 from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
-from amps_on_kafka.server.frames import Frame, encode_frame
+from amps_on_kafka.protocol.frames import Frame, encode_frame
 from amps_on_kafka.server.gateway import Gateway
 from amps_on_kafka.server.session import Session
 from tests.server.helpers import Wire, is_ack

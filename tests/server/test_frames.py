@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amps_on_kafka.server.frames import BadFrame, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.protocol.frames import BadFrame, Frame, FrameDecoder, encode_frame
 
 LIMIT = 4096
 
