@@ -329,10 +329,12 @@ class TcpTransport:
     ) -> MessageStream:
         sub_id, deliveries, _ = self._open(header, self._subs, sub_id)
         items = self._items(deliveries, timeout, self._subs, sub_id)
-        return MessageStream(items, lambda: self._stop_subscription(sub_id), sub_id)
+        return MessageStream(
+            items, lambda: self._stop_subscription(sub_id, deliveries), sub_id
+        )
 
-    def _stop_subscription(self, sub_id: str) -> None:
-        if self._end(self._subs, sub_id) and self._lost is None:
+    def _stop_subscription(self, sub_id: str, deliveries: queue.SimpleQueue) -> None:
+        if self._end(self._subs, sub_id, deliveries) and self._lost is None:
             self._send({"c": "unsubscribe", "sub_id": sub_id})
 
     # -- requests and replies -----------------------------------------------------------
@@ -414,14 +416,19 @@ class TcpTransport:
                     if keep is None or item.command in keep:
                         yield item
         finally:
-            routes.pop(key, None)
+            _forget(routes, key, replies)
 
-    def _end(self, routes: dict[str, queue.SimpleQueue], key: str) -> bool:
-        """Stop routing to a stream and wake its reader; False if it had ended already."""
-        replies = routes.pop(key, None)
-        if replies is not None:
-            replies.put(_ENDED)
-        return replies is not None
+    def _end(
+        self, routes: dict[str, queue.SimpleQueue], key: str, only: queue.SimpleQueue | None = None
+    ) -> bool:
+        """Stop routing to a stream and wake its reader; False if it had ended already.
+        With `only`, just that stream: its sub_id may already name a newer one."""
+        replies = routes.get(key)
+        if replies is None or (only is not None and replies is not only):
+            return False
+        del routes[key]
+        replies.put(_ENDED)
+        return True
 
     # -- the socket ----------------------------------------------------------------------
     def _send(self, header: dict[str, Any], payload: bytes = b"") -> None:
@@ -534,3 +541,10 @@ def _unpack(frame: Frame) -> Iterator[Item]:
         )
     else:
         yield Message(command, topic, header, payload, sub_id)  # type: ignore[arg-type]
+
+
+def _forget(routes: dict[str, queue.SimpleQueue], key: str, replies: queue.SimpleQueue) -> None:
+    """Drop a route if it is still this one: a stream closed late (its generator collected
+    after its sub_id was subscribed again) must not take the new stream's route with it."""
+    if routes.get(key) is replies:
+        del routes[key]
