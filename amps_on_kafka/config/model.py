@@ -161,6 +161,14 @@ class StateConfig(_Strict):
     flush_every: Seconds = Field(30.0, alias="FlushEvery", gt=0)
 
 
+class WorkerConfig(_Strict):
+    """The worker process itself."""
+
+    # A summary line (applied records, lag, sessions, errors) every this often: a worker
+    # that runs fine logs little else, and its log should still show it is alive.
+    summary_every: Seconds = Field(60.0, alias="SummaryEvery", gt=0)
+
+
 Semantics = Literal["at-least-once", "at-most-once"]
 Fairness = Literal["fast", "round-robin", "proportional"]
 
@@ -286,6 +294,7 @@ class Config(_Strict):
     sow: tuple[SowConfig, ...] = Field((), alias="SOW")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, alias="Gateway")
     state: StateConfig = Field(default_factory=StateConfig, alias="State")
+    worker: WorkerConfig = Field(default_factory=WorkerConfig, alias="Worker")
     queues: tuple[QueueConfig, ...] = Field((), alias="Queues")
 
     @model_validator(mode="after")
