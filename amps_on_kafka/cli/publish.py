@@ -36,7 +36,8 @@ def _expiration(_ctx: click.Context, _param: click.Parameter, value: float | Non
 def publish(topic, data, expiration, delta, bootstrap) -> None:
     """Publish DATA to TOPIC, or one message per line of stdin when DATA is absent.
 
-    Exits once Kafka has persisted every message (acks=all).
+    DATA is JSON; for an Avro topic it is encoded with the topic's schema, and a field
+    that does not fit is named. Exits once Kafka has persisted every message (acks=all).
     """
     lines = [data] if data is not None else (line for line in sys.stdin if line.strip())
     with Client(cli_client_name("publish")) as client:
@@ -44,7 +45,12 @@ def publish(topic, data, expiration, delta, bootstrap) -> None:
         send = client.delta_publish if delta else client.publish
         count = 0
         for line in lines:
-            send(topic, line.strip(), expiration)
+            try:
+                send(topic, line.strip(), expiration)
+            except MessageError as exc:
+                client.publish_flush()  # the lines before it are published, and said so
+                where = "" if data is not None else f"line {count + 1}: "
+                raise MessageError(f"{where}{exc.reason} ({count} message(s) published)") from exc
             count += 1
         client.publish_flush()
     click.echo(f"published {count} message(s) to {topic}", err=True)

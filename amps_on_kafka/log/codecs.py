@@ -4,7 +4,9 @@ JSON is the default (orjson); Avro uses a schema named in the topic's configurat
 binary is opaque bytes. `encode` takes structured data (a dict); `encode_payload`
 also takes bytes the caller already encoded and validates them by decoding, so a bad
 payload is refused before it reaches the log instead of being skipped by every
-consumer after it.
+consumer after it. Text (`str`) for an Avro topic is JSON, as users write it (the CLI, a
+shell pipe, the gateway's wire): it is parsed and encoded with the topic's schema, while
+bytes are taken as Avro already.
 """
 
 from __future__ import annotations
@@ -69,12 +71,26 @@ class AvroCodec:
             raise MessageError(f"invalid Avro schema: {exc}") from exc
 
     def encode(self, data: Any) -> bytes:
+        self._refuse_unknown_fields(data)
         buffer = io.BytesIO()
         try:
             fastavro.schemaless_writer(buffer, self._parsed, data)
         except Exception as exc:  # ValueError, TypeError, KeyError, AttributeError
             raise MessageError(f"payload does not fit the Avro schema: {exc}") from exc
         return buffer.getvalue()
+
+    def _refuse_unknown_fields(self, data: Any) -> None:
+        """fastavro drops a record's fields the schema lacks: a misspelt field would vanish
+        from the log without a word, so a top-level one is named instead."""
+        fields = self.schema.get("fields") if isinstance(self.schema, dict) else None
+        if fields is None or not isinstance(data, dict):
+            return
+        unknown = data.keys() - {field["name"] for field in fields}
+        if unknown:
+            raise MessageError(
+                f"payload does not fit the Avro schema: field {sorted(unknown)[0]!r} is not in "
+                f"the schema of record {self.schema.get('name')!r}"
+            )
 
     def decode(self, raw: bytes) -> Any:
         buffer = io.BytesIO(raw)
@@ -108,6 +124,9 @@ def encode_payload(codec: Codec, data: Any) -> tuple[bytes, Any]:
     if type(data) is dict:  # the common case first: one type check per message
         return codec.encode(data), data
     if isinstance(data, str):
+        if codec.message_type == "avro":  # JSON text, encoded with the topic's schema
+            document = JSON.decode(data.encode())
+            return codec.encode(document), document
         data = data.encode()
     if isinstance(data, bytes | bytearray | memoryview):
         raw = bytes(data)

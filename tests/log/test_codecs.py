@@ -2,6 +2,7 @@
 
 import contextlib
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -82,3 +83,43 @@ def test_avro_garbage_is_a_message_error_never_a_crash(raw):
 def test_unknown_message_type_is_named():
     with pytest.raises(MessageError, match="unknown message type 'xml'"):
         codec_for("xml")
+
+
+orders = st.fixed_dictionaries(
+    {
+        "id": st.integers(-(2**63), 2**63 - 1),
+        "sym": st.text(),
+        "qty": st.floats(allow_nan=False, allow_infinity=False),
+    }
+)
+
+
+@given(orders)
+def test_json_text_for_an_avro_topic_is_encoded_with_its_schema(record):
+    codec = AvroCodec(ORDER_SCHEMA)
+    value, document = encode_payload(codec, orjson.dumps(record).decode())
+    assert document == record and codec.decode(value) == record
+    assert value == codec.encode(record)  # Avro bytes, not the JSON text
+
+
+def test_bytes_for_an_avro_topic_are_taken_as_avro():
+    codec = AvroCodec(ORDER_SCHEMA)
+    raw = codec.encode({"id": 1, "sym": "IBM", "qty": 2.0})
+    assert encode_payload(codec, raw) == (raw, {"id": 1, "sym": "IBM", "qty": 2.0})
+    with pytest.raises(MessageError, match="not valid Avro"):
+        encode_payload(codec, b'{"id": 1, "sym": "IBM", "qty": 2.0}')
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ('{"id": "one", "sym": "IBM", "qty": 1}', "on field id"),
+        ('{"id": 1, "qty": 1}', "for sym"),
+        ('{"id": 1, "sym": "IBM", "qty": 1, "px": 2}', "field 'px' is not in the schema"),
+        ('{"id": 1,', "not valid JSON"),
+    ],
+    ids=["wrong-type", "missing", "unknown", "not-json"],
+)
+def test_json_text_that_does_not_fit_the_schema_names_the_field(text, complaint):
+    with pytest.raises(MessageError, match=complaint):
+        encode_payload(AvroCodec(ORDER_SCHEMA), text)

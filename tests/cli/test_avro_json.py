@@ -1,0 +1,44 @@
+"""Avro topics take JSON as users write it: from a shell pipe and from the kafka:// client."""
+
+from __future__ import annotations
+
+import orjson
+
+from amps_on_kafka.client import Client
+from tests.cli.test_cli import lines
+
+TRADE = {
+    "type": "record",
+    "name": "Trade",
+    "fields": [
+        {"name": "sym", "type": "string"},
+        {"name": "qty", "type": "long"},
+        {"name": "px", "type": ["null", "double"], "default": None},
+    ],
+}
+
+
+def test_json_for_an_avro_topic_from_the_cli_and_the_client(run, bootstrap, topic_factory):
+    topic = topic_factory(message_type="avro", schema=TRADE)
+    stdin = '{"sym": "IBM", "qty": 100, "px": 120.5}\n{"sym": "MSFT", "qty": 5}\n'
+    result = run("publish", topic, stdin=stdin)
+    assert result.exit_code == 0, result.output
+    with Client("avro-json") as client:
+        client.connect(f"kafka://{bootstrap}")
+        client.publish(topic, orjson.dumps({"sym": "AAPL", "qty": 7, "px": None}).decode())
+        client.publish(topic, {"sym": "ORCL", "qty": 1, "px": 3.0})
+        client.publish_flush(10)
+
+    bad = run("publish", topic, '{"sym": "IBM", "qty": "many"}')
+    assert bad.exit_code == 1 and "on field qty (0 message(s) published)" in bad.output
+    bad = run("publish", topic, stdin='{"sym": "IBM", "qty": 1}\n{"sym": "IBM", "qtty": 1}\n')
+    assert bad.exit_code == 1 and "line 2: " in bad.output and "'qtty'" in bad.output
+    assert "(1 message(s) published)" in bad.output
+    replayed = [r["data"] for r in lines(run("replay", topic, "--bookmark", "0").output)]
+    assert replayed == [
+        {"sym": "IBM", "qty": 100, "px": 120.5},
+        {"sym": "MSFT", "qty": 5, "px": None},
+        {"sym": "AAPL", "qty": 7, "px": None},
+        {"sym": "ORCL", "qty": 1, "px": 3.0},
+        {"sym": "IBM", "qty": 1, "px": None},  # the line before the bad one
+    ]
