@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -11,11 +11,12 @@ from types import FrameType
 import click
 
 from amps_on_kafka.cli.common import EXIT_INTERRUPTED, kafka, reports_errors
+from amps_on_kafka.cli.logs import log_options, setup_logging
+from amps_on_kafka.cli.ready import remove_ready_file, write_ready_file
 from amps_on_kafka.config import check_listen, load_config
 from amps_on_kafka.processor.startup import check_serves_something
+from amps_on_kafka.processor.summary import Summary
 from amps_on_kafka.processor.worker import Worker
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class _Stopped(Exception):
@@ -50,29 +51,30 @@ def _listen(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 )
 @click.option("--bootstrap", "-b", default=None, metavar="HOST:PORT")
 @click.option(
-    "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="INFO",
-    show_default=True,
-    help="DEBUG also shows librdkafka's own log.",
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Once ready, write JSON {gateway, admin, pid, state_dir} here (removed at exit).",
 )
+@log_options
 @reports_errors
-def worker(config_file, state_dir, listen, group_id, bootstrap, log_level) -> None:
+def worker(
+    config_file, state_dir, listen, group_id, bootstrap, ready_file, level, log_format
+) -> None:
     """Keep the SOW of the config's topics in RocksDB and serve the gateway protocol.
 
     Stops cleanly on SIGTERM (exit code 0) or Ctrl-C (130), during startup too: the
-    current batch is written, stores closed.
+    current batch is written, stores closed. Once it serves it prints
+    `worker ready: gateway=URI state=DIR` on stderr, and writes --ready-file.
     """
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(level, log_format)
     config = load_config(config_file)
     check_serves_something(config, str(config_file))  # before waiting for Kafka
     servers = kafka(bootstrap or config.kafka.bootstrap_servers)
     processor = Worker(config, servers, state_dir, group_id=group_id)
     stopping = _raise_on_signals()
     try:
-        _serve(processor, servers, listen or config.gateway.listen, stopping)
+        _serve(processor, servers, listen or config.gateway.listen, stopping, ready_file)
     except _Stopped as stopped:
         if stopped.signum == signal.SIGINT:
             raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
@@ -93,27 +95,42 @@ def _raise_on_signals() -> threading.Event:
     return stopping
 
 
-def _serve(processor: Worker, servers: str, listen: str, stopping: threading.Event) -> None:
+def _serve(
+    processor: Worker,
+    servers: str,
+    listen: str,
+    stopping: threading.Event,
+    ready_file: Path | None,
+) -> None:
     """Start the worker, then its gateway; run until a signal or a failure; stop both."""
     gateway = None
+    remove_ready_file(ready_file)  # a stale one must not say "ready" before this worker is
     try:
         processor.start()
         processor.wait_ready()
         gateway = _start_gateway(processor, servers, listen)
-        click.echo(
-            f"worker ready: gateway tcp://{gateway.address}/amps/json, "
-            f"state in {processor.state_dir}",
-            err=True,
-        )
+        _announce(gateway.address, processor.state_dir, ready_file)
+        summary = Summary(processor, sessions=lambda: gateway.session_count)
         # Not Thread.join: a signal interrupting it marks the thread as stopped (CPython's
         # bpo-45274 handling), and stop() would then not wait for the stores to close.
         while not stopping.wait(0.5):
             processor.raise_if_failed()
+            summary.tick()
     finally:
         stopping.set()
+        remove_ready_file(ready_file)
         if gateway is not None:
             gateway.stop()
         processor.stop()
+
+
+def _announce(address: str, state_dir: Path, ready_file: Path | None) -> None:
+    """The ready line (space-separated key=value, nothing glued to the URI) and file."""
+    uri = f"tcp://{address}/amps/json"
+    if ready_file is not None:  # first: whoever saw the line finds the file
+        info = {"gateway": uri, "admin": None, "pid": os.getpid(), "state_dir": str(state_dir)}
+        write_ready_file(ready_file, info)
+    click.echo(f"worker ready: gateway={uri} state={state_dir}", err=True)
 
 
 def _start_gateway(processor: Worker, servers: str, listen: str):

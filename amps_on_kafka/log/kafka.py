@@ -220,6 +220,7 @@ class OutageWatch:
                 self.bootstrap,
                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 error.str(),
+                extra={"event": "kafka_down", "bootstrap": self.bootstrap},
             )
             self._prober = threading.Thread(
                 target=self._await_recovery, name="amps-kafka-outage", daemon=True
@@ -241,8 +242,10 @@ class OutageWatch:
             return  # closed first
         with self._lock:
             started, self.down_since = self.down_since, None
+        seconds = time.monotonic() - started  # type: ignore[operator]
         log.warning(
             "Kafka reachable again at %s after %.0f s",
             self.bootstrap,
-            time.monotonic() - started,  # type: ignore[operator]
+            seconds,
+            extra={"event": "kafka_up", "bootstrap": self.bootstrap, "down_seconds": seconds},
         )

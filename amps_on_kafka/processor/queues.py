@@ -30,7 +30,7 @@ import logging
 import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -75,7 +75,9 @@ from amps_on_kafka.state.queue import (
     TP,
     AckResult,
     Delivery,
+    EventKind,
     MessageId,
+    Outbox,
     QueueEntry,
     QueuePolicy,
     QueueState,
@@ -429,6 +431,9 @@ class QueueRuntime:
         self._waiters: deque[tuple[int, Done, Any]] = deque()
         self._read = False  # records read since the last checkpoint
         self.skipped = 0  # records not taken as messages because a header doesn't decode
+        # since start, for the admin port: delivered, redelivered, dead_lettered, and the
+        # Reason each message left the queue for (ack, expire, taken, barrier)
+        self.counts: Counter[str] = Counter()
         self._checkpoint_due = 0.0
         self._paused = False
         self._recovery_sent: tuple[float, RecoveryPoint | None] = (0.0, None)
@@ -712,6 +717,7 @@ class QueueRuntime:
         box = self.state.outbox.take()
         if not box:
             return
+        self._count(box)
         for entry in box.dead_letters:
             self._dead_letter(entry)
         deferred = None
@@ -720,6 +726,18 @@ class QueueRuntime:
             self._produce(box.events, deferred)
         if deferred is None and box.deliveries:
             self.engine.send(self.name, box.deliveries)
+
+    def _count(self, box: Outbox) -> None:
+        counts = self.counts
+        for event in box.events:
+            if event.kind is EventKind.REMOVE:
+                counts[event.reason] += 1  # type: ignore[index]
+        deliveries = box.deliveries
+        if deliveries:
+            counts["delivered"] += len(deliveries)
+            counts["redelivered"] += sum(d.entry.deliveries > 1 for d in deliveries)
+        if box.dead_letters and self.config.dead_letter_topic is not None:
+            counts["dead_lettered"] += len(box.dead_letters)
 
     def _produce(self, events, deferred: list[Delivery] | None) -> None:
         self._produced += 1
@@ -740,6 +758,18 @@ class QueueRuntime:
             return
         headers = dead_letter_headers(entry.headers, "expired", entry.bookmark)
         self.engine.producer.produce(target, entry.payload, headers=headers)
+        log.warning(
+            "queue %s: %s expired (Expiration or MaxDeliveries): dead letter to %s",
+            self.name,
+            entry.bookmark,
+            target,
+            extra={
+                "event": "dead_letter",
+                "queue": self.name,
+                "bookmark": entry.bookmark,
+                "dead_letter_topic": target,
+            },
+        )
 
     def _reported(
         self,

@@ -113,6 +113,8 @@ class Worker:
         # Records refused since start, by category (state/sow.py `_kind`): misplaced_key,
         # bad_envelope, bad_filter, bad_record, apply_error.
         self.rejected: Counter[str] = Counter()
+        self.dead_lettered: Counter[str] = Counter()  # those of them written to a dead letter
+        self.expired = 0  # SOW records expired since start
         self.applied = 0  # log records applied since start: a resumed worker applies none twice
         self.dead_letter_failures = 0  # writes of dead letters Kafka did not acknowledge
         self._stop = threading.Event()
@@ -161,6 +163,26 @@ class Worker:
             return {
                 p: self.engine.store(topic, p).next_offset() for p in self.engine.partitions(topic)
             }  # type: ignore[union-attr]
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Per owned partition, the records between its store and the log end as the
+        consumer last heard it from the broker (its cached watermark: no request, so any
+        thread may ask, at any rate). A partition whose end isn't known yet is left out.
+        Under the engine lock: a revoked store is closed only once detached from it."""
+        consumer = self._group_consumer
+        if consumer is None:
+            return {}
+        lags = {}
+        with self.engine.lock:
+            for store in self.engine.stores():
+                tp = TopicPartition(self._consumed(store.topic), store.partition)
+                try:
+                    _, end = consumer.get_watermark_offsets(tp, cached=True)
+                except (KafkaException, RuntimeError):  # RuntimeError: closed meanwhile
+                    return {}
+                if end >= 0:
+                    lags[(store.topic, store.partition)] = max(0, end - (store.next_offset() or 0))
+        return lags
 
     def wait_caught_up(
         self, topic: str, ends: dict[int, int], timeout: float = 60.0, owned_only: bool = False
@@ -266,15 +288,19 @@ class Worker:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for topic in {tp.topic for tp in partitions}:
             self._place(consumer, topic)
+        resumed = []
         for tp in partitions:
             store = self._open(self._logical[tp.topic], tp.partition)
             stored = store.next_offset()
             tp.offset = stored if stored is not None else OFFSET_BEGINNING
+            where = f"at {stored}" if stored is not None else "from the start of the log"
+            resumed.append(f"{tp.topic}|{tp.partition} {where}")
+        if resumed:  # a cooperative rebalance may assign nothing new: no line then
             log.info(
-                "assigned %s|%s, resuming at %s",
-                tp.topic,
-                tp.partition,
-                stored if stored is not None else "the start of the log",
+                "rebalance: assigned %d partition(s): %s",
+                len(resumed),
+                ", ".join(resumed),
+                extra={"event": "assigned", "partitions": _names(partitions)},
             )
         consumer.incremental_assign(partitions)
         self.engine.ready.set()
@@ -346,12 +372,24 @@ class Worker:
         return max(end, store.next_offset() or 0, at_least)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        closed = []
         for tp in partitions:
             self._held.pop((tp.topic, tp.partition), None)
             store = self.engine.detach(self._logical[tp.topic], tp.partition)
             if store is not None:
-                store.close()
-                log.info("revoked %s|%s", tp.topic, tp.partition)
+                closed.append(store)
+        offsets = self._applied_offsets(closed)
+        for store in closed:
+            store.close()  # which puts what it holds on disk
+        if closed:
+            names = [f"{store.topic}|{store.partition}" for store in closed]
+            log.info(
+                "rebalance: revoked %d partition(s): %s",
+                len(names),
+                ", ".join(names),
+                extra={"event": "revoked", "partitions": names},
+            )
+        self._commit_offsets(offsets, asynchronous=False)
 
     # -- applying the log -------------------------------------------------------------
     def _apply(self, records: list[Message]) -> None:
@@ -488,12 +526,28 @@ class Worker:
         letters = []
         for result in rejected:
             bookmark = f"{result.topic}|{result.partition}|{result.offset}|"
-            log.warning("skipped record %s: %s", bookmark, result.error)
+            log.warning(
+                "skipped record %s: %s%s",
+                bookmark,
+                result.error,
+                f" (dead letter to {target})" if target is not None else "",
+                extra={
+                    "event": "skipped",
+                    "topic": result.topic,
+                    "partition": result.partition,
+                    "offset": result.offset,
+                    "reason": result.rejection or "bad_record",
+                    "dead_letter_topic": target,
+                },
+            )
             if target is not None:
                 letters.append(_letter(target, by_offset[result.offset], result, bookmark))
         if letters:
             self._dead_letters.send(letters)
-        self.rejected.update(r.rejection or "bad_record" for r in rejected)
+        reasons = [r.rejection or "bad_record" for r in rejected]
+        self.rejected.update(reasons)
+        if target is not None:
+            self.dead_lettered.update(reasons)
 
     def _hold(self, topic: str, partition: int, offset: int, error: DeadLetterFailed) -> None:
         """Keep a partition on the batch whose dead letters failed: rewind it there and
@@ -503,7 +557,19 @@ class Worker:
         wait = min(wait * 2, RETRY_MAX)
         self._held[(topic, partition)] = (time.monotonic() + wait, wait)
         log.error(
-            "%s|%s stays at offset %s, retrying in %.0fs: %s", topic, partition, offset, wait, error
+            "%s|%s stays at offset %s, retrying in %.0fs: %s",
+            topic,
+            partition,
+            offset,
+            wait,
+            error,
+            extra={
+                "event": "dead_letter_failed",
+                "topic": topic,
+                "partition": partition,
+                "offset": offset,
+                "retry_seconds": wait,
+            },
         )
         tp = TopicPartition(topic, partition, offset)
         consumer = self._group_consumer
@@ -545,8 +611,28 @@ class Worker:
         if now < self._next_flush:
             return
         self._next_flush = now + self.config.state.flush_every
-        for store in self.engine.stores():
+        stores = self.engine.stores()
+        for store in stores:
             store.flush()
+        self._commit_offsets(self._applied_offsets(stores), asynchronous=True)
+
+    def _applied_offsets(self, stores: list[PartitionStore]) -> list[TopicPartition]:
+        return [
+            TopicPartition(self._consumed(store.topic), store.partition, offset)
+            for store in stores
+            if (offset := store.next_offset()) is not None
+        ]
+
+    def _commit_offsets(self, offsets: list[TopicPartition], *, asynchronous: bool) -> None:
+        """Tell the consumer group what the stores hold on disk, for Kafka's lag tools
+        (kafka-consumer-groups, exporters): called after a flush or a store's close. The
+        stores stay the source of truth: a restart resumes from their own offsets."""
+        if not offsets or self._group_consumer is None:
+            return
+        try:
+            self._group_consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        except KafkaException as exc:  # lost partitions, a broker away: the next one will do
+            log.warning("committing applied offsets to the consumer group failed: %s", exc)
 
     def _expire_due(self) -> None:
         for store in self.engine.stores():
@@ -564,7 +650,12 @@ class Worker:
         state.prefetch(keys)
         state.swept = due
         changes = [c for c in (rules.expire(state, key, now) for key in keys) if c is not None]
+        self.expired += len(changes)
         self._commit(store, partial(store.write, state), BatchApplied(changes, []), blind=False)
+
+
+def _names(partitions: list[TopicPartition]) -> list[str]:
+    return [f"{tp.topic}|{tp.partition}" for tp in partitions]
 
 
 def _letter(target: str, message: LogMessage, result: CommandResult, bookmark: str) -> Letter:

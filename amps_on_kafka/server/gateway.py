@@ -32,6 +32,7 @@ from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump, Publish
 from amps_on_kafka.server.queues import QueueService
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.session import Session
+from amps_on_kafka.server.stats import GatewayStats
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Gateway:
         self.address: str | None = None
         self.loop = asyncio.new_event_loop()
         self.deletes = DeleteTracker()
+        self.stats = GatewayStats()  # counted on the loop, read by the admin port
         self.fanout = Fanout(engine, self.loop, self.deletes)
         self.producer = _shared_producer(bootstrap, settings)
         self.pump = DeliveryPump(self.loop, self.producer, settings.publish_timeout)
@@ -137,13 +139,20 @@ class Gateway:
             log.warning("gateway stopped with %d publish(es) Kafka had not acknowledged", unsent)
         self.producer.close()
 
+    @property
+    def session_count(self) -> int:
+        """Connections open now (logged on or not)."""
+        return len(self._sessions)
+
     # -- the event loop -----------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # asyncio reads max_size bytes per recv (256 KiB): see READ_SIZE for why not that
         writer.transport.max_size = READ_SIZE  # type: ignore[attr-defined]
         if len(self._sessions) >= self.settings.max_connections:
+            self.stats.refused += 1
             await self._refuse(writer)
             return
+        self.stats.connections += 1
         session = Session(self, reader, writer)
         self._sessions.add(session)
         await session.run()
@@ -177,8 +186,13 @@ class Gateway:
             previous.close()
         self._names[name] = session
 
+    def sessions(self) -> list[Session]:
+        """The connections now. On the event loop (the admin port asks it there)."""
+        return list(self._sessions)
+
     def forget(self, session: Session) -> None:
         self._sessions.discard(session)
+        self.stats.closed.add(session.traffic)
         if session.client_name is not None and self._names.get(session.client_name) is session:
             del self._names[session.client_name]
         self.deletes.forget(session)

@@ -39,6 +39,7 @@ from amps_on_kafka.server import publishing, queries, queues, subscriptions
 from amps_on_kafka.server.publishing import Writes
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.requests import ProtocolError, Request, acks, text
+from amps_on_kafka.server.stats import Traffic
 
 if TYPE_CHECKING:
     from amps_on_kafka.server.gateway import Gateway
@@ -71,6 +72,7 @@ class Session:
         self.client_name: str | None = None
         self.subscriptions: dict[str, Subscription] = {}
         self.closed = False
+        self.traffic = Traffic()  # frames and bytes, read by the admin port
         self._writes: Writes | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # Seconds left to wait for the client to finish the frame it began (or to log on).
@@ -89,6 +91,9 @@ class Session:
                 if not data:
                     break
                 events = self.decoder.feed(data)
+                traffic = self.traffic
+                traffic.bytes_in += len(data)
+                traffic.frames_in += len(events)
                 if events and self.client_name is not None:
                     self._patience = self.gateway.settings.read_timeout  # a new frame's turn
                 for event in events:
@@ -159,17 +164,28 @@ class Session:
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
         self.send_encoded(encode_frame(header, payload))
 
-    def send_encoded(self, frames: bytes) -> None:
-        """Frames already encoded (several at once: one write for a burst of deliveries)."""
+    def send_encoded(self, frames: bytes, count: int = 1) -> None:
+        """`count` frames already encoded (several at once: one write for a burst of
+        deliveries)."""
         if self.closed:
             return
         self.writer.write(frames)
+        traffic = self.traffic
+        traffic.frames_out += count
+        traffic.bytes_out += len(frames)
         if self.writer.transport.get_write_buffer_size() > self.gateway.max_queued_bytes:
             log.warning(
                 "%r: disconnecting a slow consumer, more than %d bytes queued",
                 self,
                 self.gateway.max_queued_bytes,
+                extra={
+                    "event": "slow_consumer",
+                    "client": self.client_name,
+                    "peer": self.peer,
+                    "subscriptions": len(self.subscriptions),
+                },
             )
+            self.gateway.stats.slow_consumers += 1
             self.writer.transport.abort()
             self.close()
 
