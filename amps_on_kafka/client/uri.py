@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -16,6 +17,9 @@ class Endpoint:
 
 
 def parse_uri(uri: str) -> Endpoint:
+    """Surrounding blanks are dropped; a message type with stray characters (a comma copied
+    from a log line) is refused with the URI it probably meant."""
+    uri = uri.strip()
     parts = urlsplit(uri)
     if parts.scheme == "kafka":
         if not parts.netloc:
@@ -32,5 +36,10 @@ def parse_uri(uri: str) -> Endpoint:
         if segments and segments[0] != "amps":
             raise TransportError(f"{uri!r}: the path must be /amps/<message type>, e.g. /amps/json")
         message_type = segments[1] if len(segments) > 1 else "json"
+        if not message_type.isalnum():
+            meant = f"tcp://{parts.netloc}/amps/{re.sub(r'[^A-Za-z0-9].*', '', message_type)}"
+            raise TransportError(
+                f"{uri!r}: {message_type!r} is not a message type; did you mean {meant!r}?"
+            )
         return Endpoint("tcp", f"{parts.hostname}:{parts.port}", message_type)
     raise TransportError(f"{uri!r}: unknown scheme {parts.scheme!r} (use kafka:// or tcp://)")

@@ -286,8 +286,8 @@ def worker(bootstrap, topic_factory, tmp_path) -> Iterator[tuple[Running, str, P
         "--group", f"g-{uuid.uuid4().hex[:8]}", bootstrap=bootstrap,
     )  # fmt: skip
     try:
-        ready = running.wait_for("worker ready: gateway ")
-        yield running, topic, state, ready.split("gateway ")[1].split(",")[0]
+        ready = running.wait_for("worker ready: gateway=")
+        yield running, topic, state, ready.split("gateway=")[1].split()[0]
     finally:
         running.kill()
 
@@ -555,13 +555,13 @@ def test_the_worker_logs_a_kafka_outage_once_and_the_recovery_once(tmp_path):
             "worker", "--config", config, "--state-dir", str(tmp_path / "state"),
             "--listen", "127.0.0.1:0", bootstrap=address,
         )  # fmt: skip
-        ready = running.wait_for("worker ready: gateway ")
+        ready = running.wait_for("worker ready: gateway=")
         broker.stop()
         running.wait_for(f"Kafka unreachable at {address} since ", timeout=60)
         broker.start()
         running.wait_for(f"Kafka reachable again at {address} after ", timeout=120)
         assert amps_kafka("publish", "orders", '{"id": 7}', bootstrap=address)[0] == 0
-        server = ready.split("gateway ")[1].split(",")[0]
+        server = ready.split("gateway=")[1].split()[0]
         assert _sow_ids(server, "orders") == [7]  # applied after the outage
         code, stderr = running.interrupt(signal.SIGINT)
     finally:
