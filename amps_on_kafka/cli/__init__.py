@@ -13,11 +13,13 @@ try:
     from amps_on_kafka.cli.bookmark import bookmark
     from amps_on_kafka.cli.broker import broker
     from amps_on_kafka.cli.common import Main
+    from amps_on_kafka.cli.config_cmd import config
     from amps_on_kafka.cli.log import log
     from amps_on_kafka.cli.publish import publish
     from amps_on_kafka.cli.replay import replay
-    from amps_on_kafka.cli.sow import sow, subscribe
+    from amps_on_kafka.cli.sow import ping, sow, sow_delete, subscribe
     from amps_on_kafka.cli.spark import spark
+    from amps_on_kafka.cli.stats import stats
     from amps_on_kafka.cli.topics import topics
     from amps_on_kafka.cli.worker import worker
 except KeyboardInterrupt:
@@ -31,4 +33,7 @@ def main() -> None:
 
 
 for command in (broker, topics, publish, replay, bookmark, log, worker, sow, subscribe, spark):
+    main.add_command(command)
+main.add_command(stats)
+for command in (config, sow_delete, ping):
     main.add_command(command)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from amps_on_kafka.cli.common import bootstrap_option, kafka, reports_errors
+from amps_on_kafka.cli.common import (
+    bootstrap_option,
+    echo_json,
+    format_option,
+    kafka,
+    reports_errors,
+)
 from amps_on_kafka.log.bookmarks import Moment, Position, parse_bookmark, resolve_start, watermarks
 from amps_on_kafka.log.kafka import partitions_of, reader
 from amps_on_kafka.log.replay import select_topics
@@ -35,8 +41,9 @@ def decode(text: str) -> None:
 @click.argument("topic")
 @click.argument("text")
 @bootstrap_option
+@format_option
 @reports_errors
-def resolve(topic: str, text: str, bootstrap: str | None) -> None:
+def resolve(topic: str, text: str, bootstrap: str | None, output: str) -> None:
     """Print the offset each partition of TOPIC would start reading at for bookmark TEXT."""
     consumer = reader(kafka(bootstrap))
     try:
@@ -47,6 +54,21 @@ def resolve(topic: str, text: str, bootstrap: str | None) -> None:
         starts = resolve_start(consumer, marks, parse_bookmark(text), text)
     finally:
         consumer.close()
-    for (name, partition), offset in sorted(starts.items()):
-        mark = marks[(name, partition)]
-        click.echo(f"{name}|{partition}| start={offset} earliest={mark.low} end={mark.high}")
+    rows = [
+        {
+            "topic": name,
+            "partition": partition,
+            "start": offset,
+            "earliest": marks[(name, partition)].low,
+            "end": marks[(name, partition)].high,
+        }
+        for (name, partition), offset in sorted(starts.items())
+    ]
+    if output == "json":
+        echo_json(rows)
+        return
+    for row in rows:
+        click.echo(
+            f"{row['topic']}|{row['partition']}| start={row['start']} "
+            f"earliest={row['earliest']} end={row['end']}"
+        )

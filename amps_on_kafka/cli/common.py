@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import orjson
 from confluent_kafka import KafkaError, KafkaException
 
-from amps_on_kafka.broker import resolve_bootstrap
-from amps_on_kafka.broker.probe import answers, refused
+from amps_on_kafka.broker import BOOTSTRAP_ENV, resolve_bootstrap
+from amps_on_kafka.broker.probe import require_answer
 from amps_on_kafka.cli import EXIT_INTERRUPTED
-from amps_on_kafka.errors import AmpsError, TransportError
+from amps_on_kafka.config.model import KafkaConfig
+from amps_on_kafka.config.properties import read_properties_file
+from amps_on_kafka.errors import AmpsError, ConfigError
+from amps_on_kafka.log.kafka import Bootstrap
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,34 +32,97 @@ F = TypeVar("F", bound=Callable[..., Any])
 # is one line within seconds, not librdkafka's retries for 10-20 s.
 PROBE_TIMEOUT = 3.0
 
-bootstrap_option = click.option(
-    "--bootstrap",
-    "-b",
-    default=None,
-    metavar="HOST:PORT",
-    help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS, else the local broker).",
+_KAFKA_CONFIG = "amps_on_kafka.kafka_config"  # where --kafka-config waits in ctx.meta
+
+format_option = click.option(
+    "--format",
+    "output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON document, for scripts.",
 )
 
 
-def kafka(bootstrap: str | None) -> str:
-    """The embedded default: explicit, environment, or the local broker (started if needed).
+def echo_json(document: Any) -> None:
+    """What `--format json` prints: one document, indented, on stdout."""
+    click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
 
-    A broker that refuses the connection, or doesn't answer within PROBE_TIMEOUT, is a
-    TransportError naming the address, before the command builds any client of its own.
+
+def _remember_kafka_config(ctx: click.Context, _param: click.Parameter, value: Path | None):
+    if value is not None:
+        ctx.meta[_KAFKA_CONFIG] = value
+
+
+def bootstrap_option(command: F) -> F:
+    """--bootstrap and --kafka-config, for every command that talks to Kafka.
+
+    --kafka-config isn't passed to the command: kafka() reads it from the click context,
+    so a command that finds Kafka through kafka() can't forget to honour it.
     """
-    servers = resolve_bootstrap(bootstrap, echo=lambda line: click.echo(line, err=True))
-    deadline = time.monotonic() + PROBE_TIMEOUT
-    if refused(servers):
-        why = "connection refused"
-    elif not answers(servers, timeout=deadline - time.monotonic()):
-        why = f"waited {PROBE_TIMEOUT:.0f} s"
-    else:
-        return servers
-    raise TransportError(
-        f"no Kafka broker answers at {servers} ({why}): start one (amps-kafka broker "
-        "start) or fix --bootstrap, $KAFKA_BOOTSTRAP_SERVERS or the config's "
-        "Kafka.BootstrapServers"
+    command = click.option(
+        "--kafka-config",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        expose_value=False,
+        callback=_remember_kafka_config,
+        metavar="FILE",
+        help="Kafka client properties (security.protocol, sasl.*, ssl.*...) in a "
+        "properties file, as Kafka's tools take with --command-config; ${env:NAME} and "
+        "${file:PATH} in values are resolved.",
+    )(command)
+    return click.option(
+        "--bootstrap",
+        "-b",
+        default=None,
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: the config's, else bootstrap.servers in "
+        "--kafka-config, else $KAFKA_BOOTSTRAP_SERVERS, else the local broker).",
+    )(command)
+
+
+def kafka(bootstrap: str | None, config: KafkaConfig | None = None) -> Bootstrap:
+    """Where Kafka is and how to connect: explicit, the config's, the --kafka-config
+    file's, the environment, or the local broker (started if needed). The config's
+    Properties and the --kafka-config file's (which win) travel with the address
+    (log.kafka.Bootstrap) to every client made from it.
+
+    A broker that refuses the connection, the credentials or the TLS handshake, or
+    doesn't answer within PROBE_TIMEOUT, is a one-line TransportError naming the address,
+    before the command builds any client of its own.
+    """
+    properties = dict(config.properties) if config is not None else {}
+    ctx = click.get_current_context(silent=True)
+    path = ctx.find_root().meta.get(_KAFKA_CONFIG) if ctx is not None else None
+    if path is not None:
+        properties.update(read_properties_file(path))
+    given = (
+        bootstrap
+        or (config.bootstrap_servers if config is not None else None)
+        or properties.pop("bootstrap.servers", None)
     )
+    properties.pop("bootstrap.servers", None)
+    if not given and not os.environ.get(BOOTSTRAP_ENV) and _secured(properties):
+        raise ConfigError(
+            "the Kafka properties ask for a secured connection but name no broker: "
+            "give --bootstrap, Kafka.BootstrapServers or bootstrap.servers"
+        )
+    servers = Bootstrap(
+        resolve_bootstrap(given, echo=lambda line: click.echo(line, err=True)), properties
+    )
+    require_answer(
+        servers,
+        PROBE_TIMEOUT,
+        hint=": start one (amps-kafka broker start) or fix --bootstrap, --kafka-config, "
+        "$KAFKA_BOOTSTRAP_SERVERS or the config's Kafka section",
+    )
+    return servers
+
+
+def _secured(properties: dict[str, str]) -> bool:
+    """Whether the properties ask for more than plaintext: the plain local broker that
+    would otherwise be started can't serve them."""
+    return properties.get("security.protocol", "plaintext").lower() != "plaintext"
 
 
 def cli_client_name(role: str) -> str:

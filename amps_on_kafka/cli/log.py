@@ -20,7 +20,13 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from amps_on_kafka.cli.common import bootstrap_option, kafka, reports_errors
+from amps_on_kafka.cli.common import (
+    bootstrap_option,
+    echo_json,
+    format_option,
+    kafka,
+    reports_errors,
+)
 from amps_on_kafka.cli.replay import iso_time
 from amps_on_kafka.config import parse_duration
 from amps_on_kafka.errors import ConfigError, TransportError
@@ -40,35 +46,62 @@ def log() -> None:
 @log.command("info")
 @click.argument("topic", required=False)
 @bootstrap_option
+@format_option
 @reports_errors
-def info(topic: str | None, bootstrap: str | None) -> None:
+def info(topic: str | None, bootstrap: str | None, output: str) -> None:
     """Per partition of TOPIC (a name or a regex; default: every topic): the earliest and
     latest offsets and their timestamps, i.e. what a bookmark can still replay."""
     servers = kafka(bootstrap)
     admin = admin_client(servers)
     consumer = reader(servers)
+    found = []
     try:
         for name in select_topics(consumer, topic or ".*"):
             partitions = [(name, p) for p in partitions_of(consumer, name)]
-            marks = watermarks(consumer, partitions)
-            click.echo(f"{name}  {_settings(admin, name)}")
-            _show(marks, consumer)
+            rows = _rows(watermarks(consumer, partitions), consumer)
+            configs = topic_configs(admin, name)
+            shown = {key: configs[key] for key in SHOWN_CONFIGS if key in configs}
+            if output == "json":
+                found.append({"topic": name, "configs": shown, "partitions": rows})
+            else:
+                click.echo(f"{name}  {_settings(shown)}")
+                _show(rows)
     finally:
         consumer.close()
+    if output == "json":
+        echo_json(found)
 
 
-def _show(marks: dict[TP, Watermarks], consumer: Consumer) -> None:
+def _rows(marks: dict[TP, Watermarks], consumer: Consumer) -> list[dict]:
+    """Per partition: its earliest and latest offsets (None when empty) and when they
+    were written, and the offset the next record will get."""
     filled = {tp: m for tp, m in marks.items() if m.high > m.low}
     first = _stamps(consumer, {tp: m.low for tp, m in filled.items()})
     last = _stamps(consumer, {tp: m.high - 1 for tp, m in filled.items()})
+    return [
+        {
+            "partition": tp[1],
+            "earliest": mark.low if tp in filled else None,
+            "earliest_written": _when(first.get(tp)),
+            "latest": mark.high - 1 if tp in filled else None,
+            "latest_written": _when(last.get(tp)),
+            "next_offset": mark.high,
+        }
+        for tp, mark in sorted(marks.items())
+    ]
+
+
+def _show(rows: list[dict]) -> None:
     click.echo(f"  {'partition':>9}  {'earliest':>10}  {'written':<24}  {'latest':>10}  written")
-    for tp, mark in sorted(marks.items()):
-        if mark.high <= mark.low:
-            click.echo(f"  {tp[1]:>9}  {'(empty)':>10}  next offset {mark.high}")
+    for row in rows:
+        if row["earliest"] is None:
+            click.echo(
+                f"  {row['partition']:>9}  {'(empty)':>10}  next offset {row['next_offset']}"
+            )
             continue
         click.echo(
-            f"  {tp[1]:>9}  {mark.low:>10}  {_when(first.get(tp)):<24}  "
-            f"{mark.high - 1:>10}  {_when(last.get(tp))}"
+            f"  {row['partition']:>9}  {row['earliest']:>10}  {row['earliest_written'] or '-':<24}"
+            f"  {row['latest']:>10}  {row['latest_written'] or '-'}"
         )
 
 
@@ -93,29 +126,32 @@ def _stamps(consumer: Consumer, offsets: dict[TP, int]) -> dict[TP, int]:
     return found
 
 
-def _when(millis: int | None) -> str:
-    return "-" if millis is None else iso_time(millis)
+def _when(millis: int | None) -> str | None:
+    return None if millis is None else iso_time(millis)
 
 
-def _settings(admin: AdminClient, topic: str) -> str:
-    configs = _configs(admin, topic)
+def _settings(configs: dict[str, str]) -> str:
     shown = []
-    for name in SHOWN_CONFIGS:
-        if name in configs:
-            value = configs[name]
-            if name == "retention.ms":
-                value = f"{format_millis(int(value))} ({value})"
-            shown.append(f"{name}={value}")
+    for name, value in configs.items():
+        if name == "retention.ms":
+            value = f"{format_millis(int(value))} ({value})"
+        shown.append(f"{name}={value}")
     return "  ".join(shown)
 
 
-def _configs(admin: AdminClient, topic: str) -> dict[str, str]:
+def topic_configs(admin: AdminClient, topic: str, *, changed_only: bool = False) -> dict[str, str]:
+    """The topic's configuration in Kafka; with changed_only, what differs from the
+    broker's defaults (set at creation or since)."""
     resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
         entries = admin.describe_configs([resource])[resource].result(METADATA_TIMEOUT)
     except KafkaException as exc:
         raise TransportError(f"can't read the configuration of {topic!r}: {exc}") from exc
-    return {name: entry.value for name, entry in entries.items()}
+    return {
+        name: entry.value
+        for name, entry in sorted(entries.items())
+        if not (changed_only and entry.is_default)
+    }
 
 
 def format_millis(millis: int) -> str:
@@ -143,7 +179,7 @@ def retention(topic: str, duration: str, bootstrap: str | None) -> None:
     admin = admin_client(kafka(bootstrap))
     partitions_of(admin, topic)  # UnknownTopic, clearly, before any change
     _alter(admin, topic, {"retention.ms": str(millis)})
-    click.echo(f"{topic}  retention.ms={_configs(admin, topic)['retention.ms']}")
+    click.echo(f"{topic}  retention.ms={topic_configs(admin, topic)['retention.ms']}")
 
 
 def _duration_millis(duration: str) -> int:

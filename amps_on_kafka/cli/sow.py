@@ -1,12 +1,14 @@
-"""`amps-kafka sow` and `amps-kafka subscribe`: a worker's SOW, through its gateway.
+"""`amps-kafka sow`, `subscribe`, `sow-delete` and `ping`: a worker's SOW, through its
+gateway.
 
-Both print one JSON object per message, like `replay`: command, bookmark, topic,
-sow_key, timestamp, data (and reason, for oof messages).
+`sow` and `subscribe` print one JSON object per message, like `replay`: command, bookmark,
+topic, sow_key, timestamp, data (and reason, for oof messages).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable
 from typing import BinaryIO
 
@@ -16,6 +18,7 @@ import orjson
 from amps_on_kafka.cli.common import cli_client_name, reports_errors
 from amps_on_kafka.cli.replay import iso_time
 from amps_on_kafka.client import Client, Message
+from amps_on_kafka.errors import TransportError
 
 DEFAULT_SERVER = "tcp://127.0.0.1:9007/amps/json"
 
@@ -76,6 +79,61 @@ def subscribe(topic, filter_text, oof, with_sow, bookmark, timeout, server) -> N
             stream = client.subscribe(topic, filter_text, options, timeout=timeout)
         with stream:
             _print(stream, sys.stdout.buffer)
+
+
+@click.command("sow-delete")
+@click.argument("topic")
+@filter_option
+@click.option(
+    "--key",
+    "--keys",
+    "keys",
+    multiple=True,
+    metavar="SOW_KEY",
+    help="Delete the record with this SOW key, as `sow` prints it (repeatable).",
+)
+@server_option
+@reports_errors
+def sow_delete(topic, filter_text, keys, server) -> None:
+    """Delete TOPIC's SOW records that match --filter, or those with the given --key(s):
+    the worker writes a delete to the log for each, and the count is printed once they
+    are applied."""
+    if (filter_text is None) == (not keys):
+        raise click.UsageError("give either --filter or --key (one or more)")
+    with Client(cli_client_name("sow-delete")) as client:
+        client.connect(server)
+        client.logon()
+        ack = client.sow_delete(topic, filter_text, keys=list(keys) or None)
+    click.echo(f"{topic}: deleted {ack.matches} record{'' if ack.matches == 1 else 's'}")
+
+
+@click.command()
+@server_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for each answer.",
+)
+@reports_errors
+def ping(server, timeout) -> None:
+    """Log on to a gateway and send a heartbeat: print how long each round trip took, or
+    exit 1 with the reason if the gateway doesn't answer within --timeout."""
+    started = time.perf_counter()
+    with Client(cli_client_name("ping")) as client:
+        client.connect(server)
+        try:
+            client.logon(timeout)
+            logged_on = time.perf_counter()
+            client.heartbeat(timeout)
+        except TimeoutError as exc:  # the connection stands but nothing answers
+            raise TransportError(f"{server}: no answer within {timeout:g} s") from exc
+        answered = time.perf_counter()
+    click.echo(
+        f"{server}: logon {(logged_on - started) * 1000:.1f} ms, "
+        f"heartbeat {(answered - logged_on) * 1000:.1f} ms"
+    )
 
 
 def _print(messages: Iterable[object], out: BinaryIO) -> None:

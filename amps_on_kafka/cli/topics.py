@@ -1,23 +1,33 @@
-"""`amps-kafka topics`: create and list log topics."""
+"""`amps-kafka topics`: create, list, describe and delete log topics."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
+import orjson
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 
-from amps_on_kafka.cli.common import bootstrap_option, kafka, reports_errors
+from amps_on_kafka.cli.common import (
+    bootstrap_option,
+    echo_json,
+    format_option,
+    kafka,
+    reports_errors,
+)
+from amps_on_kafka.cli.log import topic_configs
 from amps_on_kafka.config import check_topic_name, load_config
-from amps_on_kafka.errors import ConfigError
-from amps_on_kafka.log.kafka import admin_client, partitions_of, topic_names
+from amps_on_kafka.errors import ConfigError, TransportError, UnknownTopic
+from amps_on_kafka.log.kafka import METADATA_TIMEOUT, admin_client, partitions_of, topic_names
 from amps_on_kafka.log.keys import PARTITIONERS
-from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
-from amps_on_kafka.log.topics import create_from_config, create_log_topics
+from amps_on_kafka.log.registry import REGISTRY_TOPIC, TopicRegistry, TopicSpec
+from amps_on_kafka.log.topics import create_from_config, create_log_topics, repartition_topic
 
 
 @click.group()
 def topics() -> None:
-    """Create and list log topics."""
+    """Create, list, describe and delete log topics."""
 
 
 @topics.command("create")
@@ -79,9 +89,127 @@ def create(name, partitions, keys, message_type, partitioner, config_file, boots
 
 @topics.command("list")
 @bootstrap_option
+@format_option
 @reports_errors
-def list_(bootstrap) -> None:
+def list_(bootstrap, output) -> None:
     """List log topics with their partition counts."""
     admin = admin_client(kafka(bootstrap))
-    for name in topic_names(admin):
-        click.echo(f"{name}\t{len(partitions_of(admin, name))}")
+    counts = {name: len(partitions_of(admin, name)) for name in topic_names(admin)}
+    if output == "json":
+        echo_json([{"name": name, "partitions": count} for name, count in counts.items()])
+        return
+    for name, count in counts.items():
+        click.echo(f"{name}\t{count}")
+
+
+@topics.command("describe")
+@click.argument("name")
+@bootstrap_option
+@format_option
+@reports_errors
+def describe(name, bootstrap, output) -> None:
+    """NAME's registered spec (what clients publish with) beside Kafka's own view: its
+    partitions with their leaders and replicas, and its configuration that differs from
+    the broker's defaults."""
+    servers = kafka(bootstrap)
+    spec = TopicRegistry(servers).entries().get(name)
+    admin = admin_client(servers)
+    view = _kafka_view(admin, name)
+    if spec is None and view is None:
+        raise UnknownTopic(f"topic {name!r} is neither in Kafka nor in the topic registry")
+    if output == "json":
+        registered = orjson.loads(spec.to_json()) if spec is not None else None
+        echo_json({"name": name, "registered": registered, "kafka": view})
+        return
+    click.echo(f"{name}")
+    click.echo(f"  registered: {spec.describe() if spec else 'no (read as JSON without a key)'}")
+    if view is None:
+        click.echo("  in Kafka:   no (the registry entry outlived its topic)")
+        return
+    click.echo(
+        f"  in Kafka:   {len(view['partitions'])} partitions, "
+        f"replication factor {view['replication_factor']}"
+    )
+    for partition in view["partitions"]:
+        click.echo(
+            f"    partition {partition['partition']}: leader {partition['leader']}, "
+            f"replicas {partition['replicas']}, in sync {partition['in_sync']}"
+        )
+    for key, value in view["configs"].items():
+        click.echo(f"    {key}={value}")
+
+
+def _kafka_view(admin: AdminClient, name: str) -> dict | None:
+    """Kafka's metadata of the topic, or None when Kafka doesn't have it."""
+    try:
+        partitions_of(admin, name)
+    except UnknownTopic:
+        return None
+    try:
+        info = admin.list_topics(name, timeout=METADATA_TIMEOUT).topics[name]
+    except KafkaException as exc:
+        raise TransportError(f"can't reach Kafka for metadata of {name!r}: {exc}") from exc
+    partitions = [
+        {
+            "partition": p.id,
+            "leader": p.leader,
+            "replicas": list(p.replicas),
+            "in_sync": list(p.isrs),
+        }
+        for p in sorted(info.partitions.values(), key=lambda p: p.id)
+    ]
+    return {
+        "partitions": partitions,
+        "replication_factor": len(partitions[0]["replicas"]) if partitions else 0,
+        "configs": topic_configs(admin, name, changed_only=True),
+    }
+
+
+@topics.command("delete")
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@click.option("--yes", "-y", is_flag=True, help="Don't ask for confirmation.")
+@bootstrap_option
+@reports_errors
+def delete(names, yes, bootstrap) -> None:
+    """Delete log topics from Kafka, with every record they hold, and their registry
+    entries (a repartitioned topic's internal topic too). Workers serving them must be
+    stopped first: their stores are left as they are."""
+    if REGISTRY_TOPIC in names:
+        raise click.UsageError(f"{REGISTRY_TOPIC} is the topic registry itself: not deleted")
+    servers = kafka(bootstrap)
+    registry = TopicRegistry(servers)
+    entries = registry.entries()
+    admin = admin_client(servers)
+    existing = set(topic_names(admin, internal=True))
+    unknown = [n for n in names if n not in existing and n not in entries]
+    if unknown:
+        raise UnknownTopic(f"no such topic: {', '.join(unknown)} (nothing deleted)")
+    doomed = [n for n in names if n in existing]
+    doomed += [
+        repartition_topic(n)
+        for n in names
+        if n in entries and entries[n].repartition and repartition_topic(n) in existing
+    ]
+    if not yes:
+        question = (
+            f"Delete {', '.join(doomed)} and every record in them (and the registry entries)?"
+            if doomed
+            else f"Delete the registry entries of {', '.join(names)} (not topics in Kafka)?"
+        )
+        click.confirm(question, abort=True, err=True)
+    _delete_topics(admin, doomed)
+    for name in names:
+        if name in entries:
+            registry.unregister(name)
+        click.echo(f"{name}: deleted" + ("" if name in existing else " (registry entry)"))
+
+
+def _delete_topics(admin: AdminClient, names: list[str]) -> None:
+    if not names:
+        return
+    futures = admin.delete_topics(names, operation_timeout=METADATA_TIMEOUT)
+    for name, future in futures.items():
+        try:
+            future.result(METADATA_TIMEOUT)
+        except KafkaException as exc:
+            raise TransportError(f"Kafka did not delete {name!r}: {exc}") from exc

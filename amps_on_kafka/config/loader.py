@@ -17,6 +17,18 @@ MAX_CONFIG_BYTES = 1024 * 1024
 MAX_ERRORS_SHOWN = 10  # of a file wrong everywhere, the first few make the point
 
 
+class InvalidConfig(ConfigError):
+    """A file whose content does not validate. Its message shows the first
+    MAX_ERRORS_SHOWN problems; `problems` has every one (`amps-kafka config check`)."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        shown = problems[:MAX_ERRORS_SHOWN]
+        if len(problems) > MAX_ERRORS_SHOWN:
+            shown.append(f"and {len(problems) - MAX_ERRORS_SHOWN} more errors")
+        super().__init__(f"{path}: {'; '.join(shown)}")
+        self.problems = problems
+
+
 def load_config(path: str | Path) -> Config:
     """Load and validate; every error names the file and the offending key."""
     path = Path(path)
@@ -40,8 +52,8 @@ def load_config(path: str | Path) -> Config:
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {_describe(exc)}") from exc
-    return _resolve_schema_paths(config, path.parent)
+        raise InvalidConfig(path, _problems(exc)) from exc
+    return _resolve_security_paths(_resolve_schema_paths(config, path.parent), path.parent)
 
 
 def _read(path: Path) -> str:
@@ -60,17 +72,14 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem}{where}"
 
 
-def _describe(exc: ValidationError) -> str:
-    """Every error on one line: `Topics[0].Partitions: <why>; ...`."""
-    errors = exc.errors()
-    parts = []
-    for error in errors[:MAX_ERRORS_SHOWN]:
+def _problems(exc: ValidationError) -> list[str]:
+    """Each error on one line: `Topics[0].Partitions: <why>`."""
+    problems = []
+    for error in exc.errors():
         where = "".join(_location(part) for part in error["loc"])
         message = error["msg"].removeprefix("Value error, ").replace("\n", "\\n")
-        parts.append(f"{where.lstrip('.') or 'top level'}: {message}")
-    if len(errors) > MAX_ERRORS_SHOWN:
-        parts.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more errors")
-    return "; ".join(parts)
+        problems.append(f"{where.lstrip('.') or 'top level'}: {message}")
+    return problems
 
 
 def _location(part: int | str) -> str:
@@ -90,3 +99,30 @@ def _resolve_schema_paths(config: Config, base: Path) -> Config:
         for t in config.topics
     )
     return config.model_copy(update={"topics": topics})
+
+
+def _resolve_security_paths(config: Config, base: Path) -> Config:
+    """The gateway's TLS files and the users file are relative to the configuration too."""
+    tls = config.gateway.tls
+    if tls is not None:
+        tls = tls.model_copy(
+            update={
+                name: _relative_to(base, getattr(tls, name))
+                for name in ("certificate", "key", "ca")
+                if getattr(tls, name) is not None
+            }
+        )
+        config = config.model_copy(
+            update={"gateway": config.gateway.model_copy(update={"tls": tls})}
+        )
+    users = config.authentication.users_file
+    if users is not None:
+        authentication = config.authentication.model_copy(
+            update={"users_file": _relative_to(base, users)}
+        )
+        config = config.model_copy(update={"authentication": authentication})
+    return config
+
+
+def _relative_to(base: Path, path: Path) -> Path:
+    return path if path.is_absolute() else (base / path).resolve()

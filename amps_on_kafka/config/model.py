@@ -11,16 +11,27 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from amps_on_kafka.config.durations import parse_duration
+from amps_on_kafka.config.properties import redacted, resolve_all
 from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.expr import compile_expression, compile_filter
+from amps_on_kafka.expr.patterns import PatternError, compile_pattern
 
 MessageType = Literal["json", "avro", "binary"]
 # How the topic's producers place a keyed record (log/keys.py's partition_for has each).
 Partitioner = Literal["murmur2", "crc32", "fnv1a"]
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
+# A duration: seconds, or text such as 30s, 5m, 1h (the JSON Schema allows both).
+Seconds = Annotated[float, BeforeValidator(parse_duration, json_schema_input_type=float | str)]
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
@@ -35,7 +46,11 @@ def check_topic_name(name: str) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # hide_input_in_errors: a ValidationError's text would quote its input, and a
+    # configuration's input may be a password (Kafka.Properties).
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True
+    )
 
 
 class TopicConfig(_Strict):
@@ -108,7 +123,42 @@ class SowConfig(_Strict):
 
 
 class KafkaConfig(_Strict):
+    """Where Kafka is and how every client of the project connects to it.
+
+    Properties are librdkafka's (security.protocol, sasl.*, ssl.*, client.id...), given to
+    every producer, consumer and admin client; ${env:NAME} and ${file:PATH} in a value are
+    resolved at load (config/properties.py). Secret values never show in a repr or a dump.
+    """
+
     bootstrap_servers: str | None = Field(None, alias="BootstrapServers")
+    properties: dict[str, str] = Field(default_factory=dict, alias="Properties")
+
+    @field_validator("properties", mode="before")
+    @classmethod
+    def _resolve(cls, value: object) -> dict[str, str]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ValueError("Properties must be a mapping of Kafka client properties")
+        return resolve_all(value)
+
+    @model_validator(mode="after")
+    def _one_bootstrap(self) -> KafkaConfig:
+        """bootstrap.servers among the properties stands for BootstrapServers."""
+        given = self.properties.pop("bootstrap.servers", None)
+        if given is not None and self.bootstrap_servers not in (None, given):
+            raise ValueError("give the bootstrap servers once: BootstrapServers or Properties")
+        if given is not None:
+            object.__setattr__(self, "bootstrap_servers", given)
+        return self
+
+    @field_serializer("properties")
+    def _dump_redacted(self, properties: dict[str, str]) -> dict[str, str]:
+        return redacted(properties)
+
+    def __repr_args__(self):  # the repr pydantic builds, secrets redacted
+        for name, value in super().__repr_args__():
+            yield name, redacted(value) if name == "properties" else value
 
 
 def check_listen(address: str) -> str:
@@ -122,6 +172,22 @@ def check_listen(address: str) -> str:
             f"{address!r} is not HOST:PORT (a port from 0 to 65535), e.g. 127.0.0.1:9007"
         )
     return address
+
+
+class TLSConfig(_Strict):
+    """The gateway's TLS (docs/security.md): its certificate and key, and the CA that signs
+    the client certificates it accepts. Paths are relative to the configuration file."""
+
+    certificate: Path = Field(alias="Certificate")
+    key: Path = Field(alias="Key")
+    ca: Path | None = Field(None, alias="CA")
+    require_client_certificate: bool = Field(False, alias="RequireClientCertificate")
+
+    @model_validator(mode="after")
+    def _client_certificates_need_a_ca(self) -> TLSConfig:
+        if self.require_client_certificate and self.ca is None:
+            raise ValueError("RequireClientCertificate needs CA (the CA that signs them)")
+        return self
 
 
 class GatewayConfig(_Strict):
@@ -141,8 +207,110 @@ class GatewayConfig(_Strict):
     )
     max_publishes_in_flight: int = Field(10_000, alias="MaxPublishesInFlight", ge=1)
     publish_timeout: Seconds = Field(30.0, alias="PublishTimeout", gt=0)
+    tls: TLSConfig | None = Field(None, alias="TLS")
 
     _check_listen = field_validator("listen")(check_listen)
+
+
+class AuthenticationConfig(_Strict):
+    """Who may log on to the gateway (docs/security.md). Nobody, unless one of these is
+    set: a users file of salted password hashes (`amps-kafka users`), the subject (CN) of
+    a client certificate the gateway's TLS CA signed, or Anonymous: true."""
+
+    anonymous: bool = Field(False, alias="Anonymous")
+    users_file: Path | None = Field(None, alias="UsersFile")
+    client_certificate: bool = Field(False, alias="ClientCertificate")
+    # A failed logon makes the next attempts for its user and from its address wait
+    # FailureDelay, doubled per further failure, up to MaxFailureDelay.
+    failure_delay: Seconds = Field(0.5, alias="FailureDelay", ge=0)
+    max_failure_delay: Seconds = Field(30.0, alias="MaxFailureDelay", ge=0)
+
+
+def check_topic_pattern(pattern: str) -> str:
+    """A topic name (literal), else a regular expression over whole names, in RE2 syntax
+    (as AMPS reads a topic with regex characters as a regex)."""
+    if _TOPIC_NAME.match(pattern):
+        return pattern
+    try:
+        compile_pattern(pattern)
+    except PatternError as exc:
+        raise ValueError(
+            f"{pattern!r} is neither a topic name nor a regular expression: {exc}"
+        ) from None
+    return pattern
+
+
+class ReadGrant(_Strict):
+    """Read access to the topics a name or regex covers, limited by an entitlement filter."""
+
+    topic: str = Field(alias="Topic")
+    filter: str | None = Field(None, alias="Filter")
+
+    _check_topic = field_validator("topic")(check_topic_pattern)
+
+    @classmethod
+    def parse(cls, value: object) -> object:
+        return {"Topic": value} if isinstance(value, str) else value
+
+    @field_validator("filter")
+    @classmethod
+    def _filter(cls, value: str | None) -> str | None:
+        if value is not None:
+            compile_filter(value)  # FilterError is a ValueError: it names the position
+        return value
+
+
+class Permissions(_Strict):
+    """A user's or a role's grants: Read (topics or queues, each with an optional
+    entitlement filter) and Write (topics or queues); a user's also its Roles."""
+
+    roles: tuple[str, ...] = Field((), alias="Roles")
+    read: tuple[Annotated[ReadGrant, BeforeValidator(ReadGrant.parse)], ...] = Field(
+        (), alias="Read"
+    )
+    write: tuple[str, ...] = Field((), alias="Write")
+
+    _check_write = field_validator("write")(
+        lambda value: tuple(check_topic_pattern(v) for v in value)
+    )
+
+
+class EntitlementsConfig(_Strict):
+    """Who may do what (docs/security.md). Without this section every user who logs on
+    may do everything; with it, only what Users (or their Roles) grant, and Default grants
+    a user who has no entry."""
+
+    roles: dict[str, Permissions] = Field(default_factory=dict, alias="Roles")
+    users: dict[str, Permissions] = Field(default_factory=dict, alias="Users")
+    default: Permissions | None = Field(None, alias="Default")
+
+    @model_validator(mode="after")
+    def _roles_exist(self) -> EntitlementsConfig:
+        for name, role in self.roles.items():
+            if role.roles:
+                raise ValueError(f"Roles.{name}: a role can't have Roles of its own")
+        holders = {**self.users, **({"Default": self.default} if self.default else {})}
+        for name, permissions in holders.items():
+            unknown = [r for r in permissions.roles if r not in self.roles]
+            if unknown:
+                raise ValueError(f"{name}: unknown role(s) {unknown} (define them under Roles)")
+        return self
+
+
+class AdminConfig(_Strict):
+    """The worker's admin HTTP port (docs/operations.md, Metrics and admin): Prometheus
+    metrics, /health, /ready, the /admin view and the status page. Off unless Listen is
+    set: it tells anyone who can reach it the worker's clients and topics."""
+
+    listen: str | None = Field(None, alias="Listen")
+    # /ready answers 503 while any owned partition is more records than this behind its
+    # log end: a load balancer sends no clients to a worker still catching up.
+    ready_max_lag: int = Field(1000, alias="ReadyMaxLag", ge=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str | None) -> str | None:
+        return None if value is None else check_listen(value)
 
 
 # Kafka Streams' default for its RocksDB stores. RocksDB's own 64 MiB applied the SOW
@@ -167,6 +335,14 @@ class WorkerConfig(_Strict):
     # A summary line (applied records, lag, sessions, errors) every this often: a worker
     # that runs fine logs little else, and its log should still show it is alive.
     summary_every: Seconds = Field(60.0, alias="SummaryEvery", gt=0)
+    # Static group membership (docs/scaling.md): a worker restarted with the same
+    # InstanceId takes its partitions back at once, with no rebalance. Each worker of a
+    # group needs its own (the --instance-id option overrides it).
+    instance_id: str | None = Field(None, alias="InstanceId", min_length=1, max_length=249)
+    # How long the group waits for a silent worker before its partitions move. Kafka
+    # brokers refuse less than their group.min.session.timeout.ms (6 s by default; the
+    # project's local broker allows 1 s).
+    session_timeout: Seconds = Field(6.0, alias="SessionTimeout", ge=1, le=1800)
 
 
 Semantics = Literal["at-least-once", "at-most-once"]
@@ -293,6 +469,11 @@ class Config(_Strict):
     topics: tuple[TopicConfig, ...] = Field((), alias="Topics")
     sow: tuple[SowConfig, ...] = Field((), alias="SOW")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, alias="Gateway")
+    admin: AdminConfig = Field(default_factory=AdminConfig, alias="Admin")
+    authentication: AuthenticationConfig = Field(
+        default_factory=AuthenticationConfig, alias="Authentication"
+    )
+    entitlements: EntitlementsConfig | None = Field(None, alias="Entitlements")
     state: StateConfig = Field(default_factory=StateConfig, alias="State")
     worker: WorkerConfig = Field(default_factory=WorkerConfig, alias="Worker")
     queues: tuple[QueueConfig, ...] = Field((), alias="Queues")

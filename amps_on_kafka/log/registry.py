@@ -140,18 +140,26 @@ class TopicRegistry:
         return specs
 
     def register(self, spec: TopicSpec) -> None:
+        self._write(spec.name, spec.to_json())
+        with self._lock:
+            self._specs[spec.name] = spec
+
+    def unregister(self, name: str) -> None:
+        """Forget a topic's entry (`topics delete`): a tombstone, which compaction keeps
+        until every reader has seen it, then drops with the entry."""
+        self._write(name, None)
+        with self._lock:
+            self._specs.pop(name, None)
+
+    def _write(self, name: str, value: bytes | None) -> None:
         ensure_registry_topic(self._admin)
         producer = log_producer(self.bootstrap, **{"linger.ms": 0})
         try:
-            producer.produce(REGISTRY_TOPIC, key=spec.name.encode(), value=spec.to_json())
+            producer.produce(REGISTRY_TOPIC, key=name.encode(), value=value)
             if producer.flush(METADATA_TIMEOUT) != 0:
-                raise TransportError(
-                    f"Kafka did not acknowledge the registry entry for {spec.name!r}"
-                )
+                raise TransportError(f"Kafka did not acknowledge the registry entry for {name!r}")
         finally:
             producer.close()
-        with self._lock:
-            self._specs[spec.name] = spec
 
     def _read_all(self) -> dict[str, TopicSpec]:
         consumer = reader(self.bootstrap)

@@ -82,11 +82,7 @@ def create_log_topics(
         return []
     counts = _partition_counts(admin, [spec.name for spec, _, _ in specs])
     entries = registry.entries()
-    conflicts = [
-        problem
-        for spec, _, _ in specs
-        if (problem := _conflict(spec, counts.get(spec.name), entries.get(spec.name)))
-    ]
+    conflicts = _conflicts([spec for spec, _, _ in specs], counts, entries)
     if conflicts:
         raise ConfigError("\n".join(conflicts))
     created = create_topics(
@@ -106,6 +102,25 @@ def create_log_topics(
             registry.register(spec)
         results.append(Created(spec.name, is_new, register))
     return results
+
+
+def conflicts_with_kafka(
+    admin: AdminClient, registry: TopicRegistry, specs: list[TopicSpec]
+) -> list[str]:
+    """Why `create_log_topics` would refuse each of these specs, changing nothing
+    (`amps-kafka config check --kafka`)."""
+    counts = _partition_counts(admin, [spec.name for spec in specs])
+    return _conflicts(specs, counts, registry.entries())
+
+
+def _conflicts(
+    specs: list[TopicSpec], counts: dict[str, int], entries: dict[str, TopicSpec]
+) -> list[str]:
+    return [
+        problem
+        for spec in specs
+        if (problem := _conflict(spec, counts.get(spec.name), entries.get(spec.name)))
+    ]
 
 
 def _partition_counts(admin: AdminClient, names: list[str]) -> dict[str, int]:
