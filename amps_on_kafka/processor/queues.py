@@ -240,6 +240,10 @@ class QueueEngine:
             raise UnknownTopic(f"no queue matches {pattern!r}")
         return found
 
+    def queue_names(self, pattern: str) -> list[str]:
+        """The queues `pattern` names: itself, or those it matches as a regex."""
+        return [runtime.name for runtime in self._named(pattern)]
+
     def _matching(self, pattern: str) -> list[QueueRuntime]:
         return [_serving(runtime) for runtime in self._named(pattern)]
 

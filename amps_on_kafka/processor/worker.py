@@ -30,7 +30,7 @@ from confluent_kafka import (
 )
 
 from amps_on_kafka.config import Config
-from amps_on_kafka.errors import AmpsError, TransportError
+from amps_on_kafka.errors import AmpsError, ConfigError, TransportError
 from amps_on_kafka.log.envelope import (
     Command,
     EnvelopeError,
@@ -45,6 +45,7 @@ from amps_on_kafka.log.kafka import (
     client_config,
     consume_available,
     partitions_of,
+    with_properties,
 )
 from amps_on_kafka.log.keys import Placement
 from amps_on_kafka.log.message import LogMessage
@@ -87,12 +88,18 @@ class Worker:
         state_dir: str | Path,
         *,
         group_id: str | None = None,
+        instance_id: str | None = None,
         clock: Callable[[], int] = now_ms,
     ) -> None:
+        """`instance_id` (else the config's Worker InstanceId): static group membership."""
         self.config = config
+        # Every client below (consumers, producers, admin clients, the repartitioner's
+        # and the queue engine's) connects with the config's Kafka Properties.
+        bootstrap = with_properties(bootstrap, config.kafka.properties)
         self.bootstrap = bootstrap
         self.state_dir = Path(state_dir)
         self.group_id = group_id or DEFAULT_GROUP
+        self.instance_id = instance_id or config.worker.instance_id
         self.clock = clock
         self.rules = {
             sow.topic: SowRules(sow, spec_from_config(config, config.topic(sow.topic)).codec)  # type: ignore[arg-type]
@@ -281,8 +288,21 @@ class Worker:
                 "fetch.wait.max.ms": 50,
                 "isolation.level": "read_committed",  # a repartitioner's aborted writes
                 **CONSUMER_TUNING,
+                **self._membership(),
             }
         )
+
+    def _membership(self) -> dict[str, object]:
+        """How fast the group notices a dead worker (SessionTimeout; heartbeats at a
+        third of it) and, with an instance id, static membership (docs/scaling.md)."""
+        timeout_ms = int(self.config.worker.session_timeout * 1000)
+        settings: dict[str, object] = {
+            "session.timeout.ms": timeout_ms,
+            "heartbeat.interval.ms": max(100, timeout_ms // 3),
+        }
+        if self.instance_id is not None:
+            settings["group.instance.id"] = self.instance_id
+        return settings
 
     # -- partitions ---------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -589,6 +609,12 @@ class Worker:
     def _consumer_error(self, error: KafkaError) -> None:
         if error.fatal():
             raise KafkaException(error)
+        if error.code() == KafkaError.INVALID_SESSION_TIMEOUT:  # would be retried forever
+            raise ConfigError(
+                f"Worker SessionTimeout {self.config.worker.session_timeout:g}s is outside "
+                "what the brokers allow (group.min.session.timeout.ms, 6 s by default, to "
+                f"group.max.session.timeout.ms): {error.str()}"
+            )
         log.warning("consumer error: %s", error.str())
 
     # -- expiration -------------------------------------------------------------------

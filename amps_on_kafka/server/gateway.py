@@ -27,6 +27,11 @@ from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.protocol.frames import READ_SIZE, encode_frame
+from amps_on_kafka.security.auth import Credentials, Identity, LogonFailed, audit
+from amps_on_kafka.security.entitlements import Denied
+from amps_on_kafka.security.policy import Security
+from amps_on_kafka.security.tls import server_context
+from amps_on_kafka.server.cluster import Cluster
 from amps_on_kafka.server.fanout import Fanout
 from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump, PublishBudget
 from amps_on_kafka.server.queues import QueueService
@@ -50,8 +55,11 @@ class Gateway:
         settings: GatewayConfig | None = None,
         registry: TopicRegistry | None = None,
         queues: QueueEngine | None = None,
+        security: Security | None = None,
     ) -> None:
-        """`settings` are the config's Gateway section (its Listen is the `listen` here)."""
+        """`settings` are the config's Gateway section (its Listen is the `listen` here);
+        `security` its Authentication and Entitlements (Security.from_config): without
+        one, anyone may log on anonymously and do anything."""
         self.engine = engine
         self.bootstrap = bootstrap
         self.listen = listen
@@ -63,7 +71,9 @@ class Gateway:
         self.loop = asyncio.new_event_loop()
         self.deletes = DeleteTracker()
         self.stats = GatewayStats()  # counted on the loop, read by the admin port
-        self.fanout = Fanout(engine, self.loop, self.deletes)
+        self.fanout = Fanout(engine, self.loop, self.deletes, self.blocking)
+        # Set by a worker in a group (cli/worker.py): queries span every worker's partitions.
+        self.cluster: Cluster | None = None
         self.producer = _shared_producer(bootstrap, settings)
         self.pump = DeliveryPump(self.loop, self.producer, settings.publish_timeout)
         self._producer_closed = False
@@ -72,6 +82,10 @@ class Gateway:
         )
         self.queues = QueueService(queues, self.loop) if queues is not None else None
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="amps-gateway-work")
+        self.security = security or Security.open()
+        # Password hashes (argon2: 64 MiB, tens of ms each) are verified here, two at a
+        # time: a flood of logons takes neither the loop nor the threads queries run on.
+        self._auth_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="amps-gateway-auth")
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="amps-gateway", daemon=True
         )
@@ -84,19 +98,28 @@ class Gateway:
     def start(self) -> str:
         """Bind and serve; returns "host:port" actually bound (port 0 picks a free one)."""
         host, _, port = self.listen.rpartition(":")
+        tls = self.settings.tls
+        context = server_context(tls) if tls is not None else None  # ConfigError first
         self._thread.start()
         self.pump.start()
         self.engine.add_listener(self.fanout.listener)
         try:
             self._server = asyncio.run_coroutine_threadsafe(
-                asyncio.start_server(self._accept, host or "127.0.0.1", int(port)), self.loop
+                asyncio.start_server(
+                    self._accept,
+                    host or "127.0.0.1",
+                    int(port),
+                    ssl=context,
+                    ssl_handshake_timeout=self.settings.read_timeout if context else None,
+                ),
+                self.loop,
             ).result(START_TIMEOUT)
         except OSError as exc:
             self.stop()
             raise TransportError(f"gateway can't listen on {self.listen}: {exc}") from exc
         bound = self._server.sockets[0].getsockname()
         self.address = f"{bound[0]}:{bound[1]}"
-        log.info("gateway listening on %s", self.address)
+        log.info("gateway listening on %s%s", self.address, " (TLS)" if context else "")
         return self.address
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -113,6 +136,7 @@ class Gateway:
             thread.join(timeout)
         self.pump.stop()
         self._executor.shutdown(wait=True)
+        self._auth_pool.shutdown(wait=True)
         self._close_producer(timeout)
 
     def __enter__(self) -> Gateway:
@@ -125,6 +149,7 @@ class Gateway:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        self.fanout.stop()
         for session in list(self._sessions):
             session.close()
 
@@ -178,10 +203,50 @@ class Gateway:
         self._threads.append(thread)
         thread.start()
 
+    async def authenticate(self, session: Session, credentials: Credentials) -> Identity:
+        """Who the logon is (LogonFailed if nobody), after the wait that failed logons for
+        its user or from its address impose (security/auth.py, Throttle)."""
+        throttle = self.security.throttle
+        keys = [f"address {credentials.address}"]
+        if credentials.user is not None:
+            keys.append(f"user {credentials.user}")
+        wait = throttle.reserve(keys)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        try:
+            identity = await self.loop.run_in_executor(
+                self._auth_pool, self.security.authentication.authenticate, credentials
+            )
+        except LogonFailed as exc:
+            throttle.failed(keys)
+            audit.warning(
+                "logon failed: user=%r address=%s reason=%s",
+                credentials.user,
+                credentials.address,
+                exc.reason,
+            )
+            raise
+        throttle.succeeded(f"user {credentials.user}")
+        audit.info(
+            "logon: user=%r method=%s address=%s", identity.user, identity.method, session.peer
+        )
+        return identity
+
     def claim(self, session: Session, name: str) -> None:
-        """A client name belongs to one connection: a new logon replaces the old one."""
+        """A client name belongs to one connection: a new logon of the same user replaces
+        the old one; another user's is refused (it would disconnect a stranger)."""
         previous = self._names.get(name)
         if previous is not None and previous is not session:
+            if previous.identity is None or session.identity is None:
+                raise Denied(f"client name {name!r} is in use")
+            if previous.identity.user != session.identity.user:
+                audit.warning(
+                    "refused: user=%r tried client name %r of user %r",
+                    session.identity.user,
+                    name,
+                    previous.identity.user,
+                )
+                raise Denied(f"client name {name!r} is logged on as another user")
             log.info("%r replaced by a new logon with the same name", previous)
             previous.close()
         self._names[name] = session

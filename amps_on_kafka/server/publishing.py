@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
@@ -191,6 +192,7 @@ class PendingWrite:
     size: int
     remaining: int = 0
     error: PublishError | None = None
+    started: float = field(default_factory=time.perf_counter)  # for the admin's latencies
 
     def persisted(self, error: PublishError | None) -> None:
         if error is not None and self.error is None:
@@ -208,6 +210,7 @@ class Writes:
         self.publisher = publisher
         self.pump = session.gateway.pump
         self.budget = session.gateway.budget
+        self.latencies = session.gateway.stats.publish_latency
         self._issued = itertools.count()
         self._last_ticket = -1
         self._inflight: dict[int, PendingWrite] = {}  # in ticket order
@@ -252,8 +255,10 @@ class Writes:
         header = pending.request.header
         if pending.error is not None:
             self.session.send(ack(header, "persisted", pending.error.reason))
-        elif pending.request.wants("persisted"):
-            self.session.send(ack(header, "persisted"))
+        else:
+            self.latencies.observe(time.perf_counter() - pending.started)
+            if pending.request.wants("persisted"):
+                self.session.send(ack(header, "persisted"))
         self._done(pending)
 
     def _done(self, pending: PendingWrite) -> None:

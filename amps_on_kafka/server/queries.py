@@ -13,12 +13,14 @@ payload), `group_end`, then the `stats` and `completed` acks if asked for.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.processor.engine import QueryResult
+from amps_on_kafka.server.cluster import parts_of
 from amps_on_kafka.server.fanout import Boundary
 from amps_on_kafka.server.replies import ack, group, sow_batch
 from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, count, options, text
@@ -39,6 +41,7 @@ class Query:
     order_by: str | None
     top_n: int | None
     batch_size: int
+    parts: list[int] | None = None  # a peer's part of a query (server/cluster.py)
 
     @classmethod
     def parse(cls, session: Session, header: dict) -> Query:
@@ -50,6 +53,7 @@ class Query:
             order_by=text(header, "orderby"),
             top_n=count(header, "top_n"),
             batch_size=count(header, "bs", default=DEFAULT_BATCH, limit=MAX_BATCH) or 1,  # type: ignore[arg-type]
+            parts=parts_of(header),
         )
 
     def options(self) -> dict:
@@ -65,18 +69,26 @@ async def parse_query(session: Session, header: dict) -> Query:
 
 
 async def sow(session: Session, request: Request) -> None:
+    started = time.perf_counter()
     query = await parse_query(session, request.header)
-    session.spawn(_sow(session, request, query), request)
+    session.spawn(_sow(session, request, query, started), request)
 
 
-async def _sow(session: Session, request: Request, query: Query) -> None:
-    engine = session.gateway.engine
-    result = await session.gateway.blocking(lambda: engine.query(query.topic, **query.options()))
+async def _sow(session: Session, request: Request, query: Query, started: float) -> None:
+    engine, cluster = session.gateway.engine, session.gateway.cluster
+    if cluster is not None:  # the whole topic, over the group's workers
+        result = await cluster.query(session, request, query)
+    else:
+        result = await session.gateway.blocking(
+            lambda: engine.query(query.topic, **query.options())
+        )
     await send_snapshot(session, request, query, result)
+    session.gateway.stats.query_latency.observe(time.perf_counter() - started)
 
 
 async def sow_and_subscribe(session: Session, request: Request) -> None:
     header = request.header
+    started = time.perf_counter()
     query = await parse_query(session, header)
     if session.closed:  # while the filter compiled: a subscription now would never be closed
         return
@@ -90,15 +102,25 @@ async def sow_and_subscribe(session: Session, request: Request) -> None:
     session.add_subscription(sub)
     sub.hold()
     sub.register()  # before the snapshot: no batch after it can be missed
-    session.spawn(_snapshot_then_live(session, request, query, sub), request, on_failure=sub)
+    cluster = session.gateway.cluster
+    if cluster is not None and query.parts is None:  # the whole topic, over the workers
+        spread = cluster.spread(session, request, sub)
+        session.spawn(spread.snapshot_then_live(query), request, on_failure=spread)
+        return
+    work = _snapshot_then_live(session, request, query, sub, started)
+    session.spawn(work, request, on_failure=sub)
 
 
 async def _snapshot_then_live(
-    session: Session, request: Request, query: Query, sub: SowSubscription
+    session: Session, request: Request, query: Query, sub: SowSubscription, started: float
 ) -> None:
     boundary = Boundary(session.gateway.fanout)
-    result = await session.gateway.blocking(lambda: boundary.query(query.topic, **query.options()))
+    options = query.options()
+    result = await session.gateway.blocking(
+        lambda: boundary.query(query.topic, partitions=query.parts, **options)
+    )
     await send_snapshot(session, request, query, result)
+    session.gateway.stats.query_latency.observe(time.perf_counter() - started)
     sub.raise_if_overflowed()
     if not sub.closed:
         sub.go_live(boundary.first)  # type: ignore[arg-type]

@@ -72,6 +72,10 @@ class QueueService:
             served = self._served[topic] = self.engine.serves(topic)
         return served
 
+    def names(self, topic: str) -> list[str]:
+        """The queues a topic that `serves` names: itself, or those its regex matches."""
+        return self.engine.queue_names(topic)
+
     def post(self, session: Session, header: dict[str, Any], payload: bytes) -> None:
         """Any thread: send a frame from the event loop, in order. Frames posted together
         go out together: one write per connection per burst."""
@@ -93,7 +97,7 @@ class QueueService:
             frames = [frame]
             while outbox and outbox[0][0] is session:
                 frames.append(outbox.popleft()[1])
-            session.send_encoded(b"".join(frames))
+            session.send_encoded(b"".join(frames), len(frames))
 
 
 def routed(regular: Handler, queued: Handler) -> Handler:

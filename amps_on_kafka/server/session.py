@@ -1,6 +1,9 @@
 """One client connection: read frames, dispatch commands, send replies.
 
-A client must log on before anything else. A command that fails for a reason the client
+A client must log on before anything else, and every command after is checked against
+the user's entitlements (docs/security.md): a denial is a failure ack naming command,
+topic and user, and an audit event; a read on a topic with an entitlement filter gets
+that filter ANDed with its own. A command that fails for a reason the client
 can act on (an AmpsError: unknown command or topic, bad filter, bad payload, missing key
 field) gets a failure ack naming the reason, and the connection goes on. So does a bad
 frame, unless its length field makes the stream impossible to follow.
@@ -33,12 +36,16 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.expr import Filter
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.protocol.frames import READ_SIZE, BadFrame, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.security.auth import Credentials, Identity, audit
+from amps_on_kafka.security.entitlements import Denied, ReadAccess, UserEntitlements
+from amps_on_kafka.security.tls import certificate_subject
 from amps_on_kafka.server import publishing, queries, queues, subscriptions
 from amps_on_kafka.server.publishing import Writes
 from amps_on_kafka.server.replies import ack
-from amps_on_kafka.server.requests import ProtocolError, Request, acks, text
+from amps_on_kafka.server.requests import ProtocolError, Request, acks, compiled_filter, text
 from amps_on_kafka.server.stats import Traffic
 
 if TYPE_CHECKING:
@@ -51,6 +58,8 @@ Handler = Callable[["Session", Request], Awaitable[None]]
 # buffer takes them at once); more is dropped with the connection rather than held for a
 # client that may never read it.
 CLOSE_FLUSH_BYTES = 64 * 1024
+WRITES = frozenset({"publish", "delta_publish", "sow_delete"})
+READS = frozenset({"sow", "subscribe", "sow_and_subscribe"})
 
 
 class Subscription(Protocol):
@@ -70,6 +79,8 @@ class Session:
         self.peer = writer.get_extra_info("peername")
         self.decoder = FrameDecoder(gateway.max_frame_bytes)
         self.client_name: str | None = None
+        self.identity: Identity | None = None  # who logged on
+        self.entitlements: UserEntitlements | None = None
         self.subscriptions: dict[str, Subscription] = {}
         self.closed = False
         self.traffic = Traffic()  # frames and bytes, read by the admin port
@@ -81,7 +92,8 @@ class Session:
         self._patience = gateway.settings.read_timeout
 
     def __repr__(self) -> str:
-        return f"Session({self.client_name or '?'}@{self.peer})"
+        user = f"{self.identity.user}/" if self.identity is not None else ""
+        return f"Session({user}{self.client_name or '?'}@{self.peer})"
 
     # -- reading -------------------------------------------------------------------
     async def run(self) -> None:
@@ -138,9 +150,13 @@ class Session:
         try:
             request = Request(header, event.payload, acks(header))
             handler = self._handler(header)
+            await self._authorize(request)
             if request.wants("received"):
                 self.send(ack(header, "received"))
             await handler(self, request)
+        except Denied as exc:
+            audit.warning("denied: %r: %s", self, exc.reason)
+            self.fail(header, exc.reason)
         except AmpsError as exc:
             self.fail(header, exc.reason)
         await self._pace()
@@ -159,6 +175,51 @@ class Session:
         if self.client_name is None and command != "logon":
             raise ProtocolError(f"{command}: log on first")
         return handler
+
+    # -- entitlements --------------------------------------------------------------
+    async def _authorize(self, request: Request) -> None:
+        """Refuse what the user is not entitled to (Denied); narrow what it reads to its
+        entitlement filter, by ANDing that into the command's `f`."""
+        command, entitlements = request.command, self.entitlements
+        if entitlements is None or entitlements.unrestricted or command not in WRITES | READS:
+            return
+        header = request.header
+        topic: str = text(header, "t", required=True)  # type: ignore[assignment]
+        queues = self.gateway.queues
+        queue = queues is not None and queues.serves(topic)
+        if command in WRITES and not (command == "sow_delete" and queue):
+            entitlements.check_write(command, topic)
+            return
+        # reads, and acks (sow_delete) on a queue, which are its consumers' right
+        access = self._read_access(command, topic, queue)
+        if access.text is not None and not (command == "sow_delete" and "bm" in header):
+            await self._restrict(header, access.text)
+
+    def _read_access(self, command: str, topic: str, queue: bool) -> ReadAccess:
+        """A regular expression over queue names needs read on every queue it matches,
+        with one entitlement filter for them all."""
+        entitlements: UserEntitlements = self.entitlements  # type: ignore[assignment]
+        names = self.gateway.queues.names(topic) if queue else [topic]  # type: ignore[union-attr]
+        accesses = {entitlements.check_read(command, name) for name in names}
+        if len(accesses) > 1:
+            raise Denied(
+                f"{command} {topic!r}: the queues it matches have different entitlement "
+                "filters for this user; subscribe to each by name"
+            )
+        return accesses.pop()
+
+    async def _restrict(self, header: dict[str, Any], entitlement: str) -> None:
+        own = text(header, "f")
+        if own is None:
+            header["f"] = entitlement
+            return
+        await compiled_filter(self, header)  # the user's own errors, with its positions
+        header["f"] = f"({entitlement}) AND ({own})"
+
+    def entitlement_filter(self, topic: str) -> Filter | None:
+        """The filter limiting what this session's user sees of `topic`, if any."""
+        access = self.entitlements.read(topic) if self.entitlements is not None else None
+        return access.filter if access is not None else None
 
     # -- writing -------------------------------------------------------------------
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
@@ -214,7 +275,7 @@ class Session:
         if self._writes is None:
             publisher = LogPublisher(
                 self.gateway.bootstrap,
-                self.client_name,  # type: ignore[arg-type]
+                self.identity.publisher_id(self.client_name),  # type: ignore[union-attr,arg-type]
                 registry=self.gateway.registry,
                 on_failed_write=_reported_per_command,
                 producer=self.gateway.producer,
@@ -288,20 +349,32 @@ def _reported_per_command(_failure: object) -> None:
 
 
 async def logon(session: Session, request: Request) -> None:
-    name = text(request.header, "client_name", required=True)
+    """Authenticates (security/auth.py), then binds the client name to the user: its
+    publisher id is `user:client_name`, and another user can't take the name over."""
+    header = request.header
+    name: str = text(header, "client_name", required=True)  # type: ignore[assignment]
     if session.client_name is not None:
         raise ProtocolError(f"already logged on as {session.client_name!r}")
-    if "|" in name:  # type: ignore[operator]
-        raise ProtocolError(f"client name {name!r} must not contain '|'")
-    session.gateway.claim(session, name)  # type: ignore[arg-type]
+    for reserved in "|:":
+        if reserved in name:
+            raise ProtocolError(f"client name {name!r} must not contain {reserved!r}")
+    credentials = Credentials(
+        text(header, "user_id"),
+        text(header, "pw"),
+        certificate_subject(session.writer.get_extra_info("peercert")),
+        str(session.peer[0]) if isinstance(session.peer, tuple) else str(session.peer),
+    )
+    gateway = session.gateway
+    identity = await gateway.authenticate(session, credentials)
+    if session.closed:
+        return
+    session.identity = identity
+    gateway.claim(session, name)
+    session.entitlements = gateway.security.entitlements.for_user(identity.user)
     session.client_name = name
+    user = {} if identity.anonymous else {"user_id": identity.user}
     session.send(
-        ack(
-            request.header,
-            "processed",
-            client_name=name,
-            max_frame_bytes=session.gateway.max_frame_bytes,
-        )
+        ack(header, "processed", client_name=name, max_frame_bytes=gateway.max_frame_bytes, **user)
     )
 
 

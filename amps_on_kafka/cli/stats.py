@@ -1,0 +1,148 @@
+"""`amps-kafka stats`: a worker's admin view (its admin port's /admin) as tables."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+from urllib.error import URLError
+from urllib.request import urlopen
+
+import click
+
+from amps_on_kafka.cli.common import reports_errors
+
+TIMEOUT = 10.0  # seconds
+
+
+@click.command()
+@click.option(
+    "--server", required=True, metavar="URL", help="The worker's admin port, http://HOST:PORT."
+)
+@click.option(
+    "--format", "output", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@reports_errors
+def stats(server: str, output: str) -> None:
+    """Show a worker's instance, SOW topics, clients, subscriptions and queues."""
+    view = fetch(server)
+    if output == "json":
+        click.echo(json.dumps(view, indent=2))
+        return
+    for title, headers, rows in sections(view):
+        click.echo(f"{title}\n{table(headers, rows)}\n")
+
+
+def fetch(server: str) -> dict[str, Any]:
+    url = server.rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        with urlopen(f"{url}/admin", timeout=TIMEOUT) as response:
+            return json.load(response)
+    except (URLError, OSError, ValueError) as exc:
+        raise click.ClickException(f"can't read the admin view at {url}/admin: {exc}") from exc
+
+
+def sections(view: dict[str, Any]) -> list[tuple[str, list[str], list[Sequence[Any]]]]:
+    """(title, column headings, rows) of each table."""
+    instance, worker, gateway = view["instance"], view["worker"], view["gateway"] or {}
+    return [
+        (
+            "Instance",
+            ["version", "uptime s", "group", "gateway", "applied", "expired", "failed"],
+            [
+                [
+                    instance["version"],
+                    instance["uptime_seconds"],
+                    instance["group"],
+                    instance["gateway"],
+                    worker["applied"],
+                    worker["expired"],
+                    worker["failed"] or "",
+                ]
+            ],
+        ),
+        (
+            "SOW topics",
+            ["topic", "records", "partitions", "lag"],
+            [
+                [t["topic"], t["records"], _partitions(t["partitions"]), t["lag"]]
+                for t in view["sow_topics"]
+            ],
+        ),
+        (
+            "Clients",
+            ["name", "user", "address", "subs", "frames in/out", "bytes in/out", "queued"],
+            [
+                [
+                    c["name"],
+                    c["user"] or "",
+                    c["address"],
+                    len(c["subscriptions"]),
+                    f"{c['frames_in']}/{c['frames_out']}",
+                    f"{c['bytes_in']}/{c['bytes_out']}",
+                    f"{c['slow_consumer']:.0%}",
+                ]
+                for c in view["clients"]
+            ],
+        ),
+        (
+            "Subscriptions",
+            ["client", "sub_id", "kind", "topic", "filter"],
+            [
+                [s["client"], s["sub_id"], s["kind"], s["topic"], s["filter"] or ""]
+                for s in view["subscriptions"]
+            ],
+        ),
+        (
+            "Queues",
+            ["queue", "depth", "leased", "delivered", "acked", "expired", "leases by subscriber"],
+            [
+                [
+                    q["name"],
+                    q["depth"],
+                    q["leased"],
+                    q["delivered"],
+                    q["ack"],
+                    q["expire"],
+                    _leases(q["subscribers"]),
+                ]
+                for q in view["queues"]
+            ],
+        ),
+        (
+            "Gateway",
+            ["sessions", "connections", "slow consumers", "frames in/out", "bytes in/out"],
+            [
+                [
+                    gateway.get("sessions", ""),
+                    gateway.get("connections", ""),
+                    gateway.get("slow_consumers", ""),
+                    f"{gateway.get('frames_in', '')}/{gateway.get('frames_out', '')}",
+                    f"{gateway.get('bytes_in', '')}/{gateway.get('bytes_out', '')}",
+                ]
+            ]
+            if gateway
+            else [],
+        ),
+    ]
+
+
+def _leases(subscribers: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{s['client']}/{s['sub_id']}: {s['leases']}" for s in subscribers)
+
+
+def _partitions(partitions: list[dict[str, Any]]) -> str:
+    return " ".join(f"{p['partition']}@{p['applied']}" for p in partitions)
+
+
+def table(headers: list[str], rows: list[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell; `(none)` for an empty table."""
+    if not rows:
+        return "  (none)"
+    cells = [headers, *([str(v) for v in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+             for row in cells]
+    return "\n".join(line.rstrip() for line in lines)

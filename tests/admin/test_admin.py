@@ -1,0 +1,228 @@
+"""The admin port as an operator uses it: Prometheus text scraped and parsed while the
+worker serves publishes, queries, subscriptions and queue traffic; /health and /ready;
+the /admin view and `amps-kafka stats`; the applied offsets in Kafka's own view of the
+consumer group."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from click.testing import CliRunner
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from amps_on_kafka.admin import not_ready
+from amps_on_kafka.cli import main
+from amps_on_kafka.client import Client
+from amps_on_kafka.log.kafka import end_offsets
+from tests.admin.conftest import Metrics, Operated
+
+EVERY_METRIC = {
+    "amps_records_applied_total",
+    "amps_sow_expired_total",
+    "amps_dead_letter_failures_total",
+    "amps_records_rejected_total",
+    "amps_worker_up",
+    "amps_partition_applied_offset",
+    "amps_partition_end_offset",
+    "amps_partition_lag",
+    "amps_sow_records",
+    "amps_sow_partitions",
+    "amps_gateway_sessions",
+    "amps_gateway_subscriptions",
+    "amps_gateway_connections_total",
+    "amps_gateway_refused_total",
+    "amps_gateway_slow_consumers_total",
+    "amps_gateway_frames_in_total",
+    "amps_gateway_frames_out_total",
+    "amps_gateway_bytes_in_total",
+    "amps_gateway_bytes_out_total",
+    "amps_publish_persisted_seconds_count",
+    "amps_publish_persisted_seconds_bucket",
+    "amps_query_seconds_count",
+    "amps_query_seconds_sum",
+    "amps_queue_depth",
+    "amps_queue_leased",
+    "amps_queue_waiting",
+    "amps_queue_delivered_total",
+    "amps_queue_redelivered_total",
+    "amps_queue_acked_total",
+    "amps_queue_expired_total",
+    "amps_queue_dead_lettered_total",
+    "amps_queue_skipped_total",
+    "amps_uptime_seconds",
+}
+
+
+def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        outcome = condition()
+        if outcome:
+            return outcome
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached after {timeout}s")
+        time.sleep(0.1)
+
+
+def traffic(operated: Operated) -> None:
+    """Publishes (one expiring, one bad record from a foreign producer), a query, a
+    subscription that stays open, and queue messages delivered, one cancelled and acked."""
+    topic, queue = operated.topic, operated.queue
+    with Client("admin-traffic") as client:
+        client.connect(operated.uri)
+        client.logon()
+        live = client.subscribe(topic, timeout=10)
+        with client.subscribe(queue, timeout=10) as messages:
+            for n in range(20):
+                client.publish(topic, {"id": n, "n": n})
+            client.publish(topic, {"id": "brief"}, expiration=0.2)
+            for n in range(3):
+                client.publish(queue, {"n": n})
+            client.publish_flush()
+            until(lambda: len(list(client.sow(topic, "/n >= 0"))) == 20, "20 records applied")
+            first = next(iter(messages))
+            first.ack("cancel")
+            for _ in range(3):
+                next(iter(messages)).ack()
+            client.flush_acks()
+            bad = Producer({"bootstrap.servers": operated.worker.bootstrap})
+            bad.produce(topic, b"not json", partition=0)
+            bad.flush(10)
+            until(lambda: operated.worker.expired >= 1, "the brief record's expiration")
+            until(lambda: operated.worker.rejected, "the bad record's rejection")
+            during = operated.scrape()
+        live.close()
+    return during
+
+
+def test_every_metric_moves_the_right_way(operated: Operated):
+    before = operated.scrape()
+    during = traffic(operated)
+    after = until(lambda: _settled(operated), "queue depth 0 and no lag")
+    assert after.names() >= EVERY_METRIC, EVERY_METRIC - after.names()
+    topic, queue = operated.topic, operated.queue
+
+    def grew(name: str, by: float, **labels: str) -> None:
+        assert after(name, **labels) - before(name, **labels) >= by, name
+
+    grew("amps_records_applied_total", 22)  # 20, the expiring one, the bad one
+    grew("amps_sow_expired_total", 1)
+    grew("amps_records_rejected_total", 1, reason="bad_record", outcome="skipped")
+    grew("amps_publish_persisted_seconds_count", 24)
+    assert after("amps_publish_persisted_seconds_bucket", le="+Inf") == after(
+        "amps_publish_persisted_seconds_count"
+    )
+    grew("amps_query_seconds_count", 1)
+    for name in ("frames_in", "frames_out", "bytes_in", "bytes_out"):
+        grew(f"amps_gateway_{name}_total", 10)
+    grew("amps_gateway_connections_total", 1)
+    assert during("amps_gateway_sessions") >= 1
+    assert during("amps_gateway_subscriptions") >= 2  # the SOW topic's and the queue's
+    assert after("amps_sow_records", topic=topic) >= 20
+    assert after("amps_sow_partitions", topic=topic) == 2
+    ends = end_offsets(operated.worker.bootstrap, topic)
+    for partition, end in ends.items():
+        labels = {"topic": topic, "partition": str(partition)}
+        assert after("amps_partition_applied_offset", **labels) == end
+        assert after("amps_partition_end_offset", **labels) == end
+        assert after("amps_partition_lag", **labels) == 0
+    grew("amps_queue_delivered_total", 4, queue=queue)  # 3, one of them twice
+    grew("amps_queue_redelivered_total", 1, queue=queue)
+    grew("amps_queue_acked_total", 3, queue=queue)
+    assert during("amps_queue_depth", queue=queue) >= 0
+    assert after("amps_queue_depth", queue=queue) == 0
+    assert after("amps_worker_up") == 1
+
+
+def _settled(operated: Operated) -> Metrics | None:
+    metrics = operated.scrape()
+    lags = [v for (name, _), v in metrics.samples.items() if name == "amps_partition_lag"]
+    if metrics("amps_queue_depth", queue=operated.queue) == 0 and lags and not any(lags):
+        return metrics
+    return None
+
+
+def test_health_and_ready(operated: Operated):
+    assert operated.json("/health") == (200, {"alive": True, "failed": None})
+    assert until(lambda: _ready(operated), "ready") == (200, {"ready": True, "reasons": []})
+    assert operated.get("/nowhere")[0] == 404
+
+
+def _ready(operated: Operated):
+    status, body = operated.json("/ready")
+    return (status, body) if status == 200 else None
+
+
+def test_not_ready_names_each_reason(operated: Operated):
+    view = operated.admin.sources.view()
+    assert not_ready(view, 100) == []
+    topic = view["sow_topics"][0]
+    topic["partitions"][0]["lag"] = 5000
+    topic["partitions"][1]["lag"] = None
+    view["queues"][0]["ready"] = False
+    view["worker"]["failed"] = "a damaged store"
+    reasons = not_ready(view, 100, gateway_expected=True)
+    assert reasons == [
+        "worker failed: a damaged store",
+        f"{topic['topic']}|0: 5000 records behind (ReadyMaxLag 100)",
+        f"{topic['topic']}|1: log end not known yet",
+        f"queue {operated.queue}: recovering",
+    ]
+    view["gateway"] = None
+    view["worker"]["assigned"] = False
+    assert "no partition assigned yet" in not_ready(view, 100)
+    assert "the gateway is not serving yet" in not_ready(view, 100)
+
+
+def test_admin_view_and_the_stats_command(operated: Operated):
+    with Client("admin-viewer") as client:
+        client.connect(operated.uri)
+        client.logon()
+        with client.subscribe(operated.topic, "/n > 5", sub_id="watch", timeout=5):
+            status, view = operated.json("/admin")
+            assert status == 200
+            [me] = [c for c in view["clients"] if c["name"] == "admin-viewer"]
+            assert me["subscriptions"] == ["watch"] and me["bytes_in"] > 0
+            assert me["address"].startswith("127.0.0.1:")
+            [sub] = [s for s in view["subscriptions"] if s["client"] == "admin-viewer"]
+            assert (sub["topic"], sub["filter"]) == (operated.topic, "/n > 5")
+            assert view["instance"]["config"]["sow"][0]["topic"] == operated.topic
+            assert view["queues"][0]["name"] == operated.queue
+            assert [t["topic"] for t in view["sow_topics"]] == [operated.topic]
+
+            runner = CliRunner()
+            text = runner.invoke(main, ["stats", "--server", operated.url])
+            assert text.exit_code == 0, text.output
+            for heading in ("Instance", "SOW topics", "Clients", "Subscriptions", "Queues"):
+                assert heading in text.output
+            assert "admin-viewer" in text.output and operated.queue in text.output
+            raw = runner.invoke(main, ["stats", "--server", operated.url, "--format", "json"])
+            assert raw.exit_code == 0, raw.output
+            assert "admin-viewer" in {c["name"] for c in json.loads(raw.output)["clients"]}
+    refused = CliRunner().invoke(main, ["stats", "--server", "http://127.0.0.1:1"])
+    assert refused.exit_code != 0 and "127.0.0.1:1" in refused.output
+
+
+def test_applied_offsets_are_committed_for_kafkas_lag_tools(operated: Operated):
+    """Kafka's own view of the worker's group (what kafka-consumer-groups shows): the
+    committed offsets reach the log end once the stores have flushed."""
+    with Client("admin-lag") as client:
+        client.connect(operated.uri)
+        client.logon()
+        for n in range(10):
+            client.publish(operated.topic, {"id": f"lag-{n}", "n": n})
+        client.publish_flush()
+    bootstrap = operated.worker.bootstrap
+    ends = end_offsets(bootstrap, operated.topic)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    wanted = [TopicPartition(operated.topic, p) for p in ends]
+
+    def committed() -> dict[int, int]:
+        request = [ConsumerGroupTopicPartitions(operated.group, wanted)]
+        result = admin.list_consumer_group_offsets(request)[operated.group].result(10)
+        return {tp.partition: tp.offset for tp in result.topic_partitions}
+
+    until(lambda: committed() == ends, f"committed offsets {ends}")
