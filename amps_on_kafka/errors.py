@@ -43,3 +43,8 @@ class TransportError(AmpsError, ConnectionError):
 
 class ServerError(AmpsError):
     """The gateway refused a command; the message is the server's reason."""
+
+
+class PartitionsMoving(TransportError):
+    """Part of a topic has no worker that can answer for it now (its partitions are
+    moving between workers): the reason starts with "retry:"; asking again shortly works."""

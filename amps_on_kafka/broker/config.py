@@ -29,6 +29,7 @@ _SINGLE_NODE = {
     "share.coordinator.state.topic.min.isr": "1",
     "share.coordinator.state.topic.num.partitions": "1",
     "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "1000",  # a worker's SessionTimeout may be 1 s
     "num.network.threads": "2",
     "num.io.threads": "2",
     "auto.create.topics.enable": "false",

@@ -7,16 +7,20 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
-from amps_on_kafka.cli.common import EXIT_INTERRUPTED, kafka, reports_errors
+from amps_on_kafka.cli.common import EXIT_INTERRUPTED, bootstrap_option, kafka, reports_errors
 from amps_on_kafka.cli.logs import log_options, setup_logging
 from amps_on_kafka.cli.ready import remove_ready_file, write_ready_file
 from amps_on_kafka.config import check_listen, load_config
 from amps_on_kafka.processor.startup import check_serves_something
 from amps_on_kafka.processor.summary import Summary
 from amps_on_kafka.processor.worker import Worker
+
+if TYPE_CHECKING:
+    from amps_on_kafka.admin import AdminServer
 
 
 class _Stopped(Exception):
@@ -49,7 +53,13 @@ def _listen(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option(
     "--group", "group_id", default=None, help="Kafka consumer group shared by the workers."
 )
-@click.option("--bootstrap", "-b", default=None, metavar="HOST:PORT")
+@click.option(
+    "--instance-id",
+    default=None,
+    help="Static group membership: a restart with the same id takes its partitions back "
+    "at once (default: the config's Worker InstanceId).",
+)
+@bootstrap_option
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -59,7 +69,7 @@ def _listen(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @log_options
 @reports_errors
 def worker(
-    config_file, state_dir, listen, group_id, bootstrap, ready_file, level, log_format
+    config_file, state_dir, listen, group_id, instance_id, bootstrap, ready_file, level, log_format
 ) -> None:
     """Keep the SOW of the config's topics in RocksDB and serve the gateway protocol.
 
@@ -70,8 +80,8 @@ def worker(
     setup_logging(level, log_format)
     config = load_config(config_file)
     check_serves_something(config, str(config_file))  # before waiting for Kafka
-    servers = kafka(bootstrap or config.kafka.bootstrap_servers)
-    processor = Worker(config, servers, state_dir, group_id=group_id)
+    servers = kafka(bootstrap, config.kafka)
+    processor = Worker(config, servers, state_dir, group_id=group_id, instance_id=instance_id)
     stopping = _raise_on_signals()
     try:
         _serve(processor, servers, listen or config.gateway.listen, stopping, ready_file)
@@ -103,13 +113,16 @@ def _serve(
     ready_file: Path | None,
 ) -> None:
     """Start the worker, then its gateway; run until a signal or a failure; stop both."""
-    gateway = None
+    gateway = admin = None
     remove_ready_file(ready_file)  # a stale one must not say "ready" before this worker is
     try:
         processor.start()
+        admin = _start_admin(processor)  # /health and /ready answer during recovery too
         processor.wait_ready()
         gateway = _start_gateway(processor, servers, listen)
-        _announce(gateway.address, processor.state_dir, ready_file)
+        if admin is not None:
+            admin.sources.gateway = gateway
+        _announce(gateway.address, processor.state_dir, ready_file, admin)
         summary = Summary(processor, sessions=lambda: gateway.session_count)
         # Not Thread.join: a signal interrupting it marks the thread as stopped (CPython's
         # bpo-45274 handling), and stop() would then not wait for the stores to close.
@@ -119,22 +132,44 @@ def _serve(
     finally:
         stopping.set()
         remove_ready_file(ready_file)
+        if admin is not None:
+            admin.stop()
         if gateway is not None:
+            if gateway.cluster is not None:
+                gateway.cluster.leave()
             gateway.stop()
         processor.stop()
 
 
-def _announce(address: str, state_dir: Path, ready_file: Path | None) -> None:
+def _announce(
+    address: str, state_dir: Path, ready_file: Path | None, admin: AdminServer | None
+) -> None:
     """The ready line (space-separated key=value, nothing glued to the URI) and file."""
     uri = f"tcp://{address}/amps/json"
+    admin_url = None if admin is None else f"http://{admin.address}"
     if ready_file is not None:  # first: whoever saw the line finds the file
-        info = {"gateway": uri, "admin": None, "pid": os.getpid(), "state_dir": str(state_dir)}
+        info = {"gateway": uri, "admin": admin_url, "pid": os.getpid(), "state_dir": str(state_dir)}
         write_ready_file(ready_file, info)
-    click.echo(f"worker ready: gateway={uri} state={state_dir}", err=True)
+    shown = "" if admin_url is None else f" admin={admin_url}"
+    click.echo(f"worker ready: gateway={uri}{shown} state={state_dir}", err=True)
+
+
+def _start_admin(processor: Worker) -> AdminServer | None:
+    """The admin port (docs/operations.md, Metrics and admin), when Admin.Listen is set."""
+    settings = processor.config.admin
+    if settings.listen is None:
+        return None
+    from amps_on_kafka.admin import AdminServer, Sources
+
+    admin = AdminServer(Sources(processor), settings)
+    admin.start()
+    return admin
 
 
 def _start_gateway(processor: Worker, servers: str, listen: str):
+    from amps_on_kafka.security.policy import Security
     from amps_on_kafka.server import Gateway
+    from amps_on_kafka.server.cluster import Cluster
 
     gateway = Gateway(
         processor.engine,
@@ -142,6 +177,8 @@ def _start_gateway(processor: Worker, servers: str, listen: str):
         listen=listen,
         settings=processor.config.gateway,
         queues=processor.queues,
+        security=Security.from_config(processor.config),
     )
     gateway.address = gateway.start()
+    gateway.cluster = Cluster.join(gateway, processor.group_id, processor.instance_id)
     return gateway

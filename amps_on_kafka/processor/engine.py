@@ -12,12 +12,12 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from amps_on_kafka.config import Config, SowConfig
-from amps_on_kafka.errors import MessageError, UnknownTopic
+from amps_on_kafka.errors import MessageError, PartitionsMoving, UnknownTopic
 from amps_on_kafka.expr import Filter, compile_expression
 from amps_on_kafka.log.keys import key_from_values
 from amps_on_kafka.state.events import BatchApplied
@@ -44,6 +44,7 @@ class SowEngine:
         self.lock = threading.RLock()
         self.ready = threading.Event()  # set once startup expiry of the first assignment ran
         self.assignment_changed = threading.Event()  # set at every attach and detach
+        self._assignment_listeners: list[Callable[[], None]] = []  # called likewise
         self._stores: dict[tuple[str, int], PartitionStore] = {}
         self._listeners: list[Listener] = []
         self._previous_wanted: Counter[str] = Counter()
@@ -67,13 +68,23 @@ class SowEngine:
     def attach(self, store: PartitionStore) -> None:
         with self.lock:
             self._stores[(store.topic, store.partition)] = store
-        self.assignment_changed.set()
+        self._assignment_changed()
 
     def detach(self, topic: str, partition: int) -> PartitionStore | None:
         with self.lock:
             store = self._stores.pop((topic, partition), None)
-        self.assignment_changed.set()
+        self._assignment_changed()
         return store
+
+    def on_assignment(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (on the worker's thread: it must not block) at every attach
+        and detach: the gateway announces what this worker holds (server/membership.py)."""
+        self._assignment_listeners.append(listener)
+
+    def _assignment_changed(self) -> None:
+        self.assignment_changed.set()
+        for listener in list(self._assignment_listeners):
+            listener()
 
     def wants_previous(self, topic: str) -> bool:
         """Whether a listener needs each upsert's old record (an oof subscription does).
@@ -121,16 +132,20 @@ class SowEngine:
         order_by: str | None = None,
         top_n: int | None = None,
         listener: Listener | None = None,
+        partitions: Collection[int] | None = None,
     ) -> QueryResult:
         """The records of a SOW topic that match, as of one consistent moment.
 
         A filter that pins every Key path is answered by point lookups. With `listener`,
-        the listener is added in the same moment the snapshot is taken.
+        the listener is added in the same moment the snapshot is taken. With `partitions`
+        (a gateway asking for its part of a query), only those, which must all be held
+        here: PartitionsMoving otherwise.
         """
         sow = self.sow_config(topic)
         rules = self.rules[topic]
         with self.lock:
-            sources = [self._source(store, filter, sow) for store in self._owned(topic)]
+            owned = self._owned(topic, partitions)
+            sources = [self._source(store, filter, sow) for store in owned]
             if listener is not None:
                 self._listeners.append(listener)
             now = self.clock()
@@ -142,13 +157,27 @@ class SowEngine:
         ]
         matches = len(records)
         if order_by:
-            records = _ordered(records, order_by)
+            records = ordered(records, order_by)
         if top_n is not None:
             records = records[:top_n]
         return QueryResult(records, matches)
 
-    def _owned(self, topic: str) -> list[PartitionStore]:
-        return [s for (t, _), s in sorted(self._stores.items()) if t == topic]
+    def _owned(self, topic: str, partitions: Collection[int] | None = None) -> list[PartitionStore]:
+        owned = [s for (t, _), s in sorted(self._stores.items()) if t == topic]
+        if partitions is None:
+            return owned
+        self.held(topic, partitions)
+        return [s for s in owned if s.partition in partitions]
+
+    def held(self, topic: str, partitions: Collection[int]) -> None:
+        """PartitionsMoving unless every one of `partitions` is held here now (a peer's
+        gateway asks for its part of a query: server/cluster.py)."""
+        missing = set(partitions) - set(self.partitions(topic))
+        if missing:
+            raise PartitionsMoving(
+                f"retry: partitions moving ({topic} partition(s) "
+                f"{', '.join(map(str, sorted(missing)))} not held by this worker now)"
+            )
 
     @staticmethod
     def _source(
@@ -167,7 +196,7 @@ def _matches(filter: Filter, record: SowRecord) -> bool:
         return False
 
 
-def _ordered(records: list[SowRecord], order_by: str) -> list[SowRecord]:
+def ordered(records: list[SowRecord], order_by: str) -> list[SowRecord]:
     """`/a DESC, /b` orders by each expression in turn; NULLs sort last either way."""
     for term in reversed([t.strip() for t in order_by.split(",") if t.strip()]):
         words = term.split()

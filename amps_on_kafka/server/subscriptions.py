@@ -4,7 +4,10 @@ A subscription to a SOW topic of this worker follows the engine: each upsert who
 record matches is delivered as `publish`; with the `oof` option, a record the subscriber
 could have seen (its old version matched) that is deleted, expires or stops matching is
 announced by `oof` with reason `deleted`, `expired` or `match` (the last carrying the
-new record).
+new record), or `entitlement` when the new record is outside the user's entitlement
+filter (carrying the old record: the user may not see the new one). Its filter runs on
+the gateway's pool, never on the event loop (see server/fanout.py); the loop only writes
+the frames found.
 
 A subscription with a bookmark, or to a log topic that is not a SOW topic, reads the
 log: a Replay (one Kafka consumer, assigned, never in a group) iterated on a thread of
@@ -30,6 +33,7 @@ from amps_on_kafka.expr import Filter
 from amps_on_kafka.log.controls import TICK, Controlled, ReplayOptions, controlled, parse_options
 from amps_on_kafka.log.message import Completed, LogMessage
 from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.replies import ack, delivery, log_delivery, log_payload, record_payload
 from amps_on_kafka.server.requests import (
     ProtocolError,
@@ -72,10 +76,11 @@ class SowSubscription:
         self.session = session
         self.sub_id = sub_id
         self.topic = topic
-        self.filter = filter
+        self.filter = filter  # the user's filter AND the entitlement filter (session.py)
+        self.entitlement = session.entitlement_filter(topic)
         self.oof = oof
         self.closed = False
-        self.buffer: list[tuple[int, list[Change]]] | None = None
+        self.buffer: list[tuple[int, bytes]] | None = None  # batch number, its frames
         self.held = 0  # changes that arrived while buffering
         self.first = 0  # batches numbered below this one came before the subscription
 
@@ -111,30 +116,47 @@ class SowSubscription:
             )
 
     def go_live(self, first: int) -> None:
-        """Deliver the buffered batches numbered `first` or later, then follow live."""
+        """Deliver the buffered batches numbered `first` or later, then follow live.
+        Batches still being filtered (server/fanout.py) come later: those numbered below
+        `first` are in the snapshot, so they are skipped then too."""
         held, self.buffer = self.buffer or [], None
-        for number, changes in held:
-            if number >= first:
-                self.deliver(changes)
+        self.first = max(self.first, first)
+        for number, frames in held:
+            if number >= first and frames:
+                self.session.send_encoded(frames)
 
-    def on_changes(self, number: int, changes: list[Change]) -> None:
-        if number < self.first:
-            return
-        if self.buffer is not None:
-            self.held += len(changes)
-            if self.held > MAX_HELD_CHANGES:
-                self.buffer.clear()  # memory stays bounded however slow the snapshot
-            else:
-                self.buffer.append((number, changes))
-        elif not self.closed:
-            self.deliver(changes)
-
-    def deliver(self, changes: list[Change]) -> None:
-        send = self.session.send
+    # -- the gateway's pool ----------------------------------------------------------
+    def frames_for(self, changes: list[Change]) -> bytes:
+        """The `publish` and `oof` frames these changes give this subscription, encoded."""
+        frames = []
         for change in changes:
             reply = self._reply(change)
             if reply is not None:
-                send(*reply)
+                frames.append(encode_frame(*reply))
+        return b"".join(frames)
+
+    # -- the event loop ----------------------------------------------------------------
+    def on_frames(self, number: int, offered: int, frames: bytes) -> None:
+        if number < self.first:
+            return
+        if self.buffer is not None:
+            self.held += offered
+            if self.held > MAX_HELD_CHANGES:
+                self.buffer.clear()  # memory stays bounded however slow the snapshot
+            else:
+                self.buffer.append((number, frames))
+        elif frames and not self.closed:
+            self.session.send_encoded(frames)
+
+    def fail(self, reason: str) -> None:
+        """Ended by the gateway (server/fanout.py's bound): a failure ack names why."""
+        session = self.session
+        if session.subscriptions.get(self.sub_id) is self:
+            session.remove_subscription(self.sub_id)
+        self.close()
+        session.fail(
+            {"sub_id": self.sub_id, "t": self.topic}, f"subscription {self.sub_id}: {reason}"
+        )
 
     def _reply(self, change: Change) -> tuple[dict, bytes] | None:
         old_matched = self.oof and change.old is not None and self._matches(change.old)
@@ -142,6 +164,10 @@ class SowSubscription:
             new: SowRecord = change.new  # type: ignore[assignment]
             if self._matches(new):
                 return delivery("publish", self.sub_id, new), record_payload(new)
+            if old_matched and not _entitled(self.entitlement, new):  # show the old, not new
+                return delivery("oof", self.sub_id, change.old, "entitlement"), record_payload(
+                    change.old  # type: ignore[arg-type]
+                )
             if old_matched:
                 return delivery("oof", self.sub_id, new, "match"), record_payload(new)
             return None
@@ -166,6 +192,14 @@ class SowSubscription:
         fanout.remove(self)
         if self.oof:
             fanout.engine.release_previous(self.topic)
+
+
+def _entitled(entitlement: Filter | None, record: SowRecord) -> bool:
+    """Whether the user may see `record` (docs/security.md, Entitlements)."""
+    try:
+        return entitlement is None or entitlement.matches(record.data)
+    except MessageError:
+        return False
 
 
 class LogSubscription:
@@ -290,6 +324,9 @@ async def subscribe(session: Session, request: Request) -> None:
     if bookmark is None and session.gateway.engine.is_sow_topic(topic):
         oof = "oof" in options(header, SUBSCRIBE_OPTIONS)
         sub = SowSubscription(session, sub_id, topic, filter, oof=oof)
+        if session.gateway.cluster is not None:  # the whole topic, over the group's workers
+            await session.gateway.cluster.subscribe(session, request, sub)
+            return
         session.add_subscription(sub)
         sub.register()
         if request.wants("processed"):
