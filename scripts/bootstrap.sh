@@ -26,6 +26,16 @@ if ! command -v kcat >/dev/null; then
   fi
 fi
 
+# chromium (headless) opens the admin port's status page in tests/admin (issue 16).
+if ! command -v chromium >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing chromium (apt-get) ..." >&2
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    echo "warning: chromium is needed by the status-page test (apt-get install chromium)" >&2
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "creating .venv ..." >&2
   "${PYTHON:-python3}" -m venv .venv

@@ -7,88 +7,19 @@ expiration, or faster than a subscriber reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import random
+import string
+import threading
+from collections.abc import Iterator
 
 import orjson
 import pytest
 
-from amps_on_kafka.config import Config
-from amps_on_kafka.config.model import GatewayConfig
-from amps_on_kafka.log.codecs import JSON
-from amps_on_kafka.processor.engine import QueryResult, SowEngine
-from amps_on_kafka.processor.worker import now_ms
-from amps_on_kafka.server import subscriptions
-from amps_on_kafka.server.gateway import Gateway
-from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind
-from amps_on_kafka.state.record import SowRecord
-from amps_on_kafka.state.sow import SowRules
-from amps_on_kafka.state.store import PartitionStore, StateBatch
+from amps_on_kafka.server import fanout, subscriptions
+from amps_on_kafka.state.events import ChangeKind
+from tests.server.conftest import TOPIC, fanned_out
 from tests.server.helpers import is_ack
-
-TOPIC = "direct"
-
-
-class SteppedEngine(SowEngine):
-    """A real engine whose queries can run test code just before and after the snapshot."""
-
-    before_snapshot: Callable[[], None] = staticmethod(lambda: None)
-    after_snapshot: Callable[[], None] = staticmethod(lambda: None)
-
-    def query(self, *args, **kwargs) -> QueryResult:
-        self.before_snapshot()
-        result = super().query(*args, **kwargs)
-        self.after_snapshot()
-        return result
-
-
-class Direct:
-    """Applies upserts and removals to the store and tells the engine, like the worker."""
-
-    def __init__(self, engine: SowEngine, store: PartitionStore) -> None:
-        self.engine = engine
-        self.store = store
-        self.offset = 0
-
-    def upsert(self, **docs: dict) -> None:
-        self._apply({key: doc for key, doc in docs.items()}, ChangeKind.UPSERT)
-
-    def remove(self, kind: ChangeKind, *keys: str) -> None:
-        self._apply(dict.fromkeys(keys), kind)
-
-    def _apply(self, docs: dict[str, dict | None], kind: ChangeKind) -> None:
-        batch, changes = StateBatch(self.store), []
-        for key, doc in docs.items():
-            old = batch.get(key)
-            new = None if doc is None else self._record(key, doc)
-            batch.set(key, new)
-            changes.append(Change(TOPIC, key, kind, old, new))
-        with self.engine.lock:
-            self.store.write(batch)
-            self.engine.notify(BatchApplied(changes, []))
-
-    def _record(self, key: str, doc: dict) -> SowRecord:
-        self.offset += 1
-        return SowRecord(TOPIC, 0, key, orjson.dumps(doc), self.offset, now_ms(), codec=JSON)
-
-
-@pytest.fixture
-def direct(bootstrap, tmp_path) -> Iterator[tuple[Direct, Gateway]]:
-    config = Config.model_validate(
-        {
-            "Topics": [{"Name": TOPIC}],
-            "SOW": [{"Topic": TOPIC, "Key": "/id", "Expiration": "enabled"}],
-        }
-    )
-    engine = SteppedEngine(config, {TOPIC: SowRules(config.sow[0], JSON)}, now_ms)
-    store = PartitionStore(tmp_path / "store", TOPIC, 0, JSON)
-    engine.attach(store)
-    settings = GatewayConfig(max_queued_bytes=1024 * 1024)
-    gateway = Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings)
-    gateway.start()
-    yield Direct(engine, store), gateway
-    gateway.stop()
-    engine.detach(TOPIC, 0)
-    store.close()
+from tests.server.test_fairness import EXPENSIVE
 
 
 @pytest.fixture
@@ -101,7 +32,7 @@ def wire(direct, wire_to):
 def test_sow_and_subscribe_delivers_exactly_the_batches_after_its_snapshot(direct, wire):
     """A batch applied after the subscription exists but before the snapshot is in the
     snapshot and must not be delivered again; one applied after it must be."""
-    source, _ = direct
+    source, gateway = direct
     source.upsert(a={"id": "a", "v": 0}, b={"id": "b", "v": 0})
     source.engine.before_snapshot = lambda: source.upsert(a={"id": "a", "v": 1})
     source.engine.after_snapshot = lambda: source.upsert(b={"id": "b", "v": 1})
@@ -112,6 +43,7 @@ def test_sow_and_subscribe_delivers_exactly_the_batches_after_its_snapshot(direc
     live = wire.recv()
     assert (live.header["c"], orjson.loads(live.payload)) == ("publish", {"id": "b", "v": 1})
     source.engine.before_snapshot = source.engine.after_snapshot = lambda: None
+    fanned_out(gateway)
     fence = wire.request({"c": "sow", "cid": "fence", "t": TOPIC})
     assert fence.header["c"] == "group_begin"  # "a" v1 was not delivered twice
 
@@ -134,9 +66,14 @@ def test_a_snapshot_outrun_by_more_live_changes_than_can_be_held_fails_the_subsc
     subscription fails with a reason instead of growing without end or going live with
     a gap, and the connection goes on."""
     monkeypatch.setattr(subscriptions, "MAX_HELD_CHANGES", 3)
-    source, _ = direct
+    source, gateway = direct
     source.upsert(a={"id": "a"})
-    source.engine.after_snapshot = lambda: source.upsert(**{k: {"id": k} for k in "bcdef"})
+
+    def outrun() -> None:  # the changes reach the subscription before its snapshot ends
+        source.upsert(**{k: {"id": k} for k in "bcdef"})
+        fanned_out(gateway)
+
+    source.engine.after_snapshot = outrun
     wire.send({"c": "sow_and_subscribe", "cid": "q", "sub_id": "q", "t": TOPIC})
     frames = wire.until(lambda f: f.header["c"] == "ack")
     failure = frames[-1].header
@@ -144,12 +81,13 @@ def test_a_snapshot_outrun_by_more_live_changes_than_can_be_held_fails_the_subsc
     assert failure["status"] == "failure" and "more than 3 changes arrived" in failure["reason"]
     source.engine.after_snapshot = lambda: None
     source.upsert(g={"id": "g"})  # the failed subscription no longer delivers
+    fanned_out(gateway)
     fence = wire.request({"c": "sow", "cid": "fence", "t": TOPIC})
     assert fence.header["c"] == "group_begin"
 
 
 def test_oof_expired_and_deleted_only_for_records_that_matched(direct, wire):
-    source, _ = direct
+    source, gateway = direct
     source.upsert(
         hot={"id": "hot", "t": 90}, cold={"id": "cold", "t": 10}, warm={"id": "warm", "t": 80}
     )
@@ -166,6 +104,7 @@ def test_oof_expired_and_deleted_only_for_records_that_matched(direct, wire):
         90,
     )
     assert (second.header["reason"], second.header["k"]) == ("deleted", "warm")
+    fanned_out(gateway)
     assert wire.request({"c": "sow", "cid": "fence", "t": TOPIC}).header["c"] == "group_begin"
 
 
@@ -178,10 +117,44 @@ def test_a_subscriber_that_does_not_read_is_disconnected_and_others_go_on(direct
     pad = "x" * 10_000
     for batch in range(400):  # 40 MB: more than the socket buffers and the 1 MiB allowed
         source.upsert(**{f"{batch}-{i}": {"id": f"{batch}-{i}", "pad": pad} for i in range(10)})
-    # The heartbeat is a fence: the loop has run every delivery posted before it, so the
-    # slow subscriber's queue overflowed before this test starts reading (and draining) it.
+    # Every delivery is written before this test starts reading (and draining): the slow
+    # subscriber's queue overflowed, and the other session is still served.
+    fanned_out(gateway)
     assert is_ack(other.request({"c": "heartbeat", "cid": "hb"}), "heartbeat")
     assert wire.is_closed()
+    assert gateway.stats.slow_consumers == 1  # what amps_gateway_slow_consumers_total shows
+
+
+def test_a_subscription_whose_filter_cannot_keep_up_is_failed_and_the_others_go_on(
+    direct, wire, wire_to, monkeypatch
+):
+    """Past the fan-out backlog's bound, the subscription that cost the last job the most
+    is failed with a reason; a cheap one on the same topic still gets every change, in
+    order. The loop is held while the batches come, so all wait in the backlog."""
+    monkeypatch.setattr(fanout, "JOB_CHANGES", 1)
+    monkeypatch.setattr(fanout, "MAX_BACKLOG_CHANGES", 2)
+    source, gateway = direct
+    costly = EXPENSIVE.replace("/id >= 0", "/id <> 'none'")
+    request = {"c": "subscribe", "sub_id": "costly", "t": TOPIC, "f": costly, "a": "processed"}
+    assert is_ack(wire.request({**request, "cid": "costly"}), "processed")
+    cheap = wire_to(gateway.address)
+    cheap.logon("cheap")
+    assert is_ack(
+        cheap.request({"c": "subscribe", "cid": "cheap", "t": TOPIC, "a": "processed"}), "processed"
+    )
+    note = "".join(random.Random(5).choices(string.ascii_lowercase, k=100_000))
+    gate = threading.Event()
+    gateway.loop.call_soon_threadsafe(gate.wait, 30)
+    for i in range(6):
+        source.upsert(**{str(i): {"id": str(i), "note": note}})
+    gate.set()
+    frames = wire.until(lambda f: f.header["c"] == "ack")
+    assert frames[-1].header["status"] == "failure"
+    assert frames[-1].header["sub_id"] == "costly"
+    assert "can't keep up" in frames[-1].header["reason"]
+    assert [cheap.recv().header["k"] for _ in range(6)] == [str(i) for i in range(6)]
+    fanned_out(gateway)
+    assert is_ack(wire.request({"c": "heartbeat", "cid": "hb"}), "heartbeat")  # nothing more
 
 
 def records_of(frames) -> Iterator[tuple[dict, bytes]]:
