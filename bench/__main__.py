@@ -6,7 +6,8 @@ import importlib
 import sys
 
 BENCHMARKS = [
-    "log", "filters", "sow", "gateway", "queues", "stores", "spark", "robustness", "fairness"
+    "log", "filters", "sow", "gateway", "queues", "stores", "spark", "robustness", "fairness",
+    "admin",
 ]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from amps_on_kafka.client.bookmark_store import BookmarkStore
 from amps_on_kafka.client.command import Command as ClientCommand
-from amps_on_kafka.client.kafka_transport import KafkaTransport
+from amps_on_kafka.client.kafka_transport import KafkaConfigSource, KafkaTransport, secured
 from amps_on_kafka.client.message import Message
 from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription, BookmarkSubscriptions
@@ -42,10 +42,20 @@ class Client:
         self._bookmarks = BookmarkSubscriptions()
 
     # -- connection -------------------------------------------------------------
-    def connect(self, uri: str) -> None:
+    def connect(self, uri: str, *, kafka_config: KafkaConfigSource = None) -> None:
+        """Connect to `uri`: kafka://host:port[,host:port] or tcp://host:port/amps/json.
+
+        `kafka_config` (kafka:// only): the Kafka client properties every producer and
+        consumer of this connection uses (security.protocol, sasl.*, ssl.*...), as a
+        mapping or the path of a properties file; ${env:NAME} and ${file:PATH} in values
+        are resolved (docs/config.md, Connecting to a secured Kafka).
+        """
         endpoint = parse_uri(uri)
         if endpoint.scheme == "kafka":
-            self._transport = KafkaTransport(endpoint.address, self.name)
+            bootstrap = secured(endpoint.address, kafka_config)
+            self._transport = KafkaTransport(bootstrap, self.name)
+        elif kafka_config is not None:
+            raise TransportError(f"{uri!r}: kafka_config is for kafka:// URIs")
         elif endpoint.message_type != "json":
             raise TransportError(f"{uri!r}: the gateway speaks /amps/json only")
         else:

@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaException
-
-from amps_on_kafka.errors import TransportError
+from amps_on_kafka.broker.probe import require_answer
+from amps_on_kafka.config.properties import read_properties_file, resolve_all
+from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.log.envelope import Command
-from amps_on_kafka.log.kafka import METADATA_TIMEOUT, admin_client
+from amps_on_kafka.log.kafka import METADATA_TIMEOUT, Bootstrap
 from amps_on_kafka.log.publisher import FailedWrite, LogPublisher
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.log.replay import Replay
+
+# What Client.connect takes as kafka_config: properties, or a properties file's path.
+KafkaConfigSource = Mapping[str, object] | str | Path | None
+
+
+def secured(address: str, source: KafkaConfigSource) -> Bootstrap:
+    """`address` carrying the Kafka client properties `source` gives (log.kafka.Bootstrap)."""
+    if source is None:
+        return Bootstrap(address)
+    if isinstance(source, str | Path):
+        return Bootstrap(address, read_properties_file(source))
+    try:
+        return Bootstrap(address, resolve_all(source))
+    except ValueError as exc:
+        raise ConfigError(f"kafka_config: {exc}") from None
 
 
 class KafkaTransport:
@@ -24,10 +40,9 @@ class KafkaTransport:
         self._failed_write_handler: Callable[[FailedWrite], None] | None = None
 
     def logon(self, timeout: float | None) -> None:
-        try:
-            admin_client(self.bootstrap).list_topics(timeout=timeout or METADATA_TIMEOUT)
-        except KafkaException as exc:
-            raise TransportError(f"can't reach Kafka at {self.bootstrap}: {exc}") from exc
+        """Return once Kafka answers; a TransportError naming why not (refused
+        credentials and failed TLS handshakes at once)."""
+        require_answer(self.bootstrap, timeout or METADATA_TIMEOUT)
 
     @property
     def publisher(self) -> LogPublisher:
