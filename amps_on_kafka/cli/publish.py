@@ -41,7 +41,8 @@ def publish(topic, data, expiration, delta, bootstrap) -> None:
     """
     lines = [data] if data is not None else (line for line in sys.stdin if line.strip())
     with Client(cli_client_name("publish")) as client:
-        client.connect(f"kafka://{kafka(bootstrap)}")
+        servers = kafka(bootstrap)
+        client.connect(f"kafka://{servers}", kafka_config=servers.properties)
         send = client.delta_publish if delta else client.publish
         count = 0
         for line in lines:

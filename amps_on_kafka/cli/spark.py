@@ -169,7 +169,7 @@ def rebuild(topic, state_dir, config_file, master, bootstrap) -> None:
 
 
 def _servers(bootstrap: str | None, config: Config | None) -> str:
-    return kafka(bootstrap or (config.kafka.bootstrap_servers if config else None))
+    return kafka(bootstrap, config.kafka if config else None)
 
 
 def _check_out(out: str, overwrite: bool) -> None:

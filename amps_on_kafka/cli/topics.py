@@ -65,7 +65,7 @@ def create(name, partitions, keys, message_type, partitioner, config_file, boots
         raise click.UsageError("give either NAME or --config FILE")
     if config_file is not None:
         config = load_config(config_file)
-        servers = kafka(bootstrap or config.kafka.bootstrap_servers)
+        servers = kafka(bootstrap, config.kafka)
         results = create_from_config(admin_client(servers), TopicRegistry(servers), config)
     else:
         try:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from amps_on_kafka.config.properties import scrub
 from amps_on_kafka.errors import TransportError, UnknownTopic
 
 log = logging.getLogger(__name__)
@@ -50,10 +53,54 @@ class LibrdkafkaLog:
 LIBRDKAFKA_LOG = LibrdkafkaLog()
 
 
+class Bootstrap(str):
+    """Bootstrap servers that carry the client properties (security.protocol, sasl.*,
+    ssl.*, client.id...) every client made for them must use.
+
+    A str, so it goes unchanged wherever a bootstrap address goes (the worker, the
+    gateway, the registry, replays, Spark tasks) and every client built from it by
+    client_config connects alike: no layer between the command line and librdkafka has
+    to pass security settings along, or can forget to. It prints and formats as the
+    bare address, so the properties (passwords among them) never reach a log line or an
+    error message that names where Kafka is. Pickles with its properties (Spark ships
+    it to its tasks).
+    """
+
+    properties: Mapping[str, str]
+
+    def __new__(cls, servers: str, properties: Mapping[str, str] | None = None) -> Bootstrap:
+        self = super().__new__(cls, servers)
+        self.properties = MappingProxyType(dict(properties or {}))
+        return self
+
+    def __repr__(self) -> str:
+        return repr(str(self))
+
+    def __reduce__(self) -> tuple:
+        return (Bootstrap, (str(self), dict(self.properties)))
+
+
+def properties_of(bootstrap: str) -> Mapping[str, str]:
+    """The client properties `bootstrap` carries (none for a plain str)."""
+    return bootstrap.properties if isinstance(bootstrap, Bootstrap) else {}
+
+
+def with_properties(bootstrap: str, properties: Mapping[str, str]) -> Bootstrap:
+    """`bootstrap` carrying `properties` too; its own properties win over them."""
+    return Bootstrap(str(bootstrap), {**properties, **properties_of(bootstrap)})
+
+
 def client_config(bootstrap: str, **settings: Any) -> dict[str, Any]:
     """The configuration every Kafka client of the project starts from: the bootstrap
-    servers and librdkafka's log routed through Python logging (LibrdkafkaLog)."""
-    return {"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA_LOG, **settings}
+    servers, the properties they carry (Bootstrap) and librdkafka's log routed through
+    Python logging (LibrdkafkaLog). `settings`, and what each kind of client sets for
+    its role after this (acks, idempotence, group.id...), win over the properties."""
+    return {
+        "bootstrap.servers": str(bootstrap),
+        "logger": LIBRDKAFKA_LOG,
+        **properties_of(bootstrap),
+        **settings,
+    }
 
 
 def admin_client(bootstrap: str, **overrides: Any) -> AdminClient:
@@ -61,6 +108,85 @@ def admin_client(bootstrap: str, **overrides: Any) -> AdminClient:
     they come at most one per reconnect attempt (reconnect.backoff.max.ms, 10 s), so
     even a long-lived admin client through an outage queues only a few hundred."""
     return AdminClient(client_config(bootstrap, **overrides))
+
+
+# librdkafka's reports that no retry can cure: the broker refused the credentials, or the
+# TLS handshake failed (a certificate not trusted or not for this host, TLS against a
+# plaintext listener). Each is a reason a client stops trying, named by what failed.
+_DECISIVE = {
+    KafkaError._AUTHENTICATION: "refused the credentials",
+    KafkaError._SSL: "failed the TLS handshake",
+}
+# librdkafka's error texts start with the broker's URL and end with the connection's
+# state; neither helps a user, and the URL repeats the address the message names.
+_BROKER_PREFIX = re.compile(r"^\S+/(bootstrap|\d+): (SSL handshake failed: )?")
+_STATE_SUFFIX = re.compile(r"\s*\(after \d+ms in state \w+\)$")
+
+
+class ConnectionErrors:
+    """An error_cb for a client that is connecting: keeps the last error librdkafka
+    reported and the first decisive one (_DECISIVE), for a one-line reason why it could
+    not connect. Errors reach it when the client is polled."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._properties = properties_of(bootstrap)  # secrets to scrub from the texts
+        self.last: KafkaError | None = None
+        self.decisive: KafkaError | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            return  # says that it failed, not why
+        self.last = error
+        if self.decisive is None and error.code() in _DECISIVE:
+            self.decisive = error
+
+    def reason(self) -> str | None:
+        """Why the client could not connect, in one line (the decisive error if there
+        is one, else the last), or None if librdkafka said nothing."""
+        error = self.decisive or self.last
+        if error is None:
+            return None
+        text = scrub(_STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", error.str())), self._properties)
+        what = _DECISIVE.get(error.code())
+        return f"{what}: {text}" if what else text
+
+
+_PROBE_CONFIG = {
+    # Retry a refused connection quickly instead of librdkafka's backoff of up to 10 s.
+    "reconnect.backoff.ms": 100,
+    "reconnect.backoff.max.ms": 500,
+}
+
+
+def await_answer(
+    bootstrap: str,
+    timeout: float,
+    *,
+    alive: Callable[[], bool],
+    errors: ConnectionErrors | None = None,
+) -> bool:
+    """Ask for metadata until the broker answers (True), ``alive()`` is False or time is up.
+
+    A metadata request that lists at least one broker means the listener is up, this
+    client is let in, and the broker has caught up with the controller. Each request
+    waits at most one second, so a broker process that dies is noticed within about a
+    second. "Connection refused" is expected while a broker starts: its log lines go to
+    the librdkafka logger at DEBUG, never to stderr. ``errors``, when given, collects
+    librdkafka's reports, and a decisive one (credentials refused, TLS handshake failed)
+    ends the wait at once: retrying can't help.
+    """
+    admin = admin_client(bootstrap, **_PROBE_CONFIG, **({"error_cb": errors} if errors else {}))
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0 and alive():
+        try:
+            if admin.list_topics(timeout=min(1.0, remaining)).brokers:
+                return True
+        except KafkaException:
+            pass
+        admin.poll(0)  # serves error_cb
+        if errors is not None and errors.decisive is not None:
+            return False
+    return False
 
 
 # The hash a log producer places keys with when the publisher gives no partition.
@@ -236,8 +362,6 @@ class OutageWatch:
             prober.join()
 
     def _await_recovery(self) -> None:
-        from amps_on_kafka.broker.probe import await_answer  # broker/ builds on log/
-
         if not await_answer(self.bootstrap, math.inf, alive=lambda: not self._closed.is_set()):
             return  # closed first
         with self._lock:

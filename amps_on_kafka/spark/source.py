@@ -28,13 +28,14 @@ from pyspark.sql.types import StructType
 from amps_on_kafka.errors import MessageError, TransportError
 from amps_on_kafka.log.bookmarks import format_bookmark
 from amps_on_kafka.log.envelope import Envelope, headers_of
-from amps_on_kafka.log.kafka import reader
+from amps_on_kafka.log.kafka import Bootstrap, properties_of, reader
 from amps_on_kafka.spark.plan import LogRange
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SOURCE_NAME = "amps_log"
+KAFKA_OPTION = "kafka."  # prefix of the options that are Kafka client properties
 _REGISTERED: weakref.WeakSet[SparkSession] = weakref.WeakSet()  # sessions that know the source
 SLICE_RECORDS = 1_000_000  # offsets per task when partitions may be split
 BATCH_ROWS = 10_000  # rows per Arrow record batch
@@ -92,21 +93,28 @@ def slices(log: LogRange, size: int | None) -> list[Slice]:
 
 
 def read_log(spark: SparkSession, bootstrap: str, log: LogRange) -> DataFrame:
-    """The records of `log` as a DataFrame with LOG_SCHEMA's columns."""
+    """The records of `log` as a DataFrame with LOG_SCHEMA's columns.
+
+    The Kafka client properties `bootstrap` carries (log.kafka.Bootstrap) go to the tasks
+    as options prefixed `kafka.`, as Spark's own Kafka source takes them: a secret's
+    option name (kafka.sasl.password...) matches spark.redaction.regex, so Spark shows
+    its value redacted in plans and its UI.
+    """
     if spark not in _REGISTERED:
         spark.dataSource.register(AmpsLogSource)
         _REGISTERED.add(spark)
-    return (
-        spark.read.format(SOURCE_NAME)
-        .option("bootstrap", bootstrap)
-        .option("topic", log.topic)
-        .option("offsets", log.to_json())
-        .load()
-    )
+    options = {
+        "bootstrap": str(bootstrap),
+        "topic": log.topic,
+        "offsets": log.to_json(),
+        **{KAFKA_OPTION + key: value for key, value in properties_of(bootstrap).items()},
+    }
+    return spark.read.format(SOURCE_NAME).options(**options).load()
 
 
 class AmpsLogSource(DataSource):
-    """`spark.read.format("amps_log")` with options bootstrap, topic, offsets, slice."""
+    """`spark.read.format("amps_log")` with options bootstrap, topic, offsets, slice and
+    the Kafka client properties as kafka.<property>."""
 
     @classmethod
     def name(cls) -> str:
@@ -116,8 +124,13 @@ class AmpsLogSource(DataSource):
         return LOG_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        properties = {
+            key.removeprefix(KAFKA_OPTION): value
+            for key, value in self.options.items()
+            if key.startswith(KAFKA_OPTION)
+        }
         return LogReader(
-            self.options["bootstrap"],
+            Bootstrap(self.options["bootstrap"], properties),
             LogRange.from_json(self.options["topic"], self.options["offsets"]),
             int(self.options.get("slice", SLICE_RECORDS)) or None,
         )
