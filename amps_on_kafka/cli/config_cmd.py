@@ -21,6 +21,7 @@ from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.log.kafka import admin_client, topic_names
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.log.topics import conflicts_with_kafka, spec_from_config
+from amps_on_kafka.processor.dead_letters import dead_letter_topics
 from amps_on_kafka.processor.startup import check_serves_something
 
 
@@ -77,7 +78,8 @@ def _file_problems(file: Path) -> tuple[Config | None, list[str]]:
             spec_from_config(parsed, topic).codec  # noqa: B018 (reads and parses the schema)
         except AmpsError as exc:
             reason = exc.reason
-            problems.append(reason if topic.name in reason else f"topic {topic.name}: {reason}")
+            named = reason.startswith(f"topic {topic.name}: ")
+            problems.append(reason if named else f"topic {topic.name}: {reason}")
     return parsed, problems
 
 
@@ -94,12 +96,10 @@ def kafka_problems(parsed: Config, servers: str) -> list[str]:
         if sow.topic not in existing
     ]
     problems += [
-        f"SOW {sow.topic}: DeadLetterTopic {sow.dead_letter_topic!r} does not exist on Kafka "
+        f"{owner}: DeadLetterTopic {target!r} does not exist on Kafka "
         "(create it, or set CreateDeadLetterTopic: true)"
-        for sow in parsed.sow
-        if sow.dead_letter_topic is not None
-        and sow.dead_letter_topic not in existing
-        and not sow.create_dead_letter_topic
+        for owner, target, create in dead_letter_topics(parsed)
+        if target not in existing and not create
     ]
     user_topics = [name for name in existing if not name.startswith("_")]
     problems += [
