@@ -21,6 +21,7 @@ try:
     from amps_on_kafka.cli.spark import spark
     from amps_on_kafka.cli.stats import stats
     from amps_on_kafka.cli.topics import topics
+    from amps_on_kafka.cli.users import users
     from amps_on_kafka.cli.worker import worker
 except KeyboardInterrupt:
     raise SystemExit(EXIT_INTERRUPTED) from None
@@ -35,5 +36,6 @@ def main() -> None:
 for command in (broker, topics, publish, replay, bookmark, log, worker, sow, subscribe, spark):
     main.add_command(command)
 main.add_command(stats)
+main.add_command(users)
 for command in (config, sow_delete, ping):
     main.add_command(command)

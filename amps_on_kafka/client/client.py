@@ -59,7 +59,13 @@ class Client:
         elif endpoint.message_type != "json":
             raise TransportError(f"{uri!r}: the gateway speaks /amps/json only")
         else:
-            self._transport = TcpTransport(endpoint.address, self.name)
+            self._transport = TcpTransport(
+                endpoint.address,
+                self.name,
+                tls=endpoint.tls,
+                user=endpoint.user,
+                password=endpoint.password,
+            )
         self._transport.set_failed_write_handler(self._failed_write_handler)
 
     def logon(self, timeout: float | None = None) -> None:

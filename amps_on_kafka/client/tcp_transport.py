@@ -25,7 +25,8 @@ import orjson
 from amps_on_kafka.client.acks import AckBatcher
 from amps_on_kafka.client.message import Message
 from amps_on_kafka.client.stream import MessageStream
-from amps_on_kafka.errors import MessageError, PublishError, ServerError, TransportError
+from amps_on_kafka.client.tls import TlsOptions, TlsSocket
+from amps_on_kafka.errors import AmpsError, MessageError, PublishError, ServerError, TransportError
 from amps_on_kafka.log.envelope import Command, check_expiration
 from amps_on_kafka.log.message import COMPLETED, Completed
 from amps_on_kafka.log.publisher import FailedWrite
@@ -125,11 +126,21 @@ class Outbox:
 
 
 class TcpTransport:
-    def __init__(self, address: str, client_name: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        client_name: str,
+        *,
+        tls: TlsOptions | None = None,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        """`tls` for tcps://; `user` and `password` are sent at logon (docs/security.md)."""
         self.address = address
         self.client_name = client_name
         self.max_frame_bytes: int | None = None  # the gateway's limit, learnt at logon
-        self._sock = _connect(address)
+        self._credentials = {"user_id": user, "pw": password}
+        self._sock = _connect(address, tls)
         self._outbox = Outbox(self._sock, self._lose)
         self.acks = AckBatcher(self._send)  # message.ack() batches here (docs/queues.md)
         self._ids = itertools.count(1)
@@ -146,7 +157,9 @@ class TcpTransport:
 
     # -- session ---------------------------------------------------------------------
     def logon(self, timeout: float | None) -> None:
-        reply = self._command({"c": "logon", "client_name": self.client_name}, timeout=timeout)
+        header = {"c": "logon", "client_name": self.client_name}
+        _set(header, **self._credentials)
+        reply = self._command(header, timeout=timeout)
         self.max_frame_bytes = reply.header.get("max_frame_bytes")
 
     def heartbeat(self, timeout: float | None = None) -> None:
@@ -490,15 +503,24 @@ class TcpTransport:
         self._reader.join(CLOSE_TIMEOUT)
 
 
-def _connect(address: str) -> socket.socket:
+def _connect(address: str, tls: TlsOptions | None) -> socket.socket | TlsSocket:
     host, _, port = address.rpartition(":")
     try:
         sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
     except OSError as exc:
         raise TransportError(f"can't connect to the gateway at {address}: {exc}") from exc
-    sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+    if tls is None:
+        sock.settimeout(None)
+        return sock
+    try:
+        secured = TlsSocket(sock, tls.context(), host)  # the handshake, within the timeout
+    except (AmpsError, OSError) as exc:
+        sock.close()
+        reason = exc.reason if isinstance(exc, AmpsError) else str(exc)
+        raise TransportError(f"gateway at {address}: {reason}") from exc
+    sock.settimeout(None)
+    return secured
 
 
 def _set(header: dict[str, Any], **fields: Any) -> None:
