@@ -45,11 +45,30 @@ def log_options(command: F) -> F:
     )(command)
 
 
+_chosen = {"format": "text"}  # what setup_logging chose, for announce()
+
+
 def setup_logging(level: str, log_format: str) -> None:
     """Send the process's log to stderr at `level`, as text or JSON lines."""
     handler = logging.StreamHandler()
     handler.setFormatter(formatter(log_format))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    _chosen["format"] = log_format.lower()
+
+
+def announce(line: str, **context: Any) -> None:
+    """A line scripts wait for (`worker ready: ...`), shown at any --log-level: as is on
+    stderr, or with --log-format json as a JSON line like the log's (INFO, logger
+    `amps_on_kafka.cli`, the context fields beside the message), so a log shipper reading
+    stderr meets nothing but JSON."""
+    if _chosen["format"] != "json":
+        click.echo(line, err=True)
+        return
+    record = logging.makeLogRecord(
+        {"name": "amps_on_kafka.cli", "levelno": logging.INFO, "levelname": "INFO", "msg": line}
+    )
+    record.__dict__.update(context)
+    click.echo(formatter("json").format(record), err=True)
 
 
 def formatter(log_format: str) -> logging.Formatter:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from amps_on_kafka.cli.common import EXIT_INTERRUPTED, bootstrap_option, kafka, reports_errors
-from amps_on_kafka.cli.logs import log_options, setup_logging
+from amps_on_kafka.cli.logs import announce, log_options, setup_logging
 from amps_on_kafka.cli.ready import remove_ready_file, write_ready_file
 from amps_on_kafka.config import check_listen, load_config
 from amps_on_kafka.processor.startup import check_serves_something
@@ -151,7 +151,13 @@ def _announce(
         info = {"gateway": uri, "admin": admin_url, "pid": os.getpid(), "state_dir": str(state_dir)}
         write_ready_file(ready_file, info)
     shown = "" if admin_url is None else f" admin={admin_url}"
-    click.echo(f"worker ready: gateway={uri}{shown} state={state_dir}", err=True)
+    announce(
+        f"worker ready: gateway={uri}{shown} state={state_dir}",
+        event="ready",
+        gateway=uri,
+        admin=admin_url,
+        state_dir=str(state_dir),
+    )
 
 
 def _start_admin(processor: Worker) -> AdminServer | None:

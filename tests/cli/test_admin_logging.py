@@ -4,6 +4,7 @@ once each with their context (a skipped record, a rebalance)."""
 from __future__ import annotations
 
 import logging
+import signal
 import time
 import uuid
 
@@ -17,6 +18,7 @@ from amps_on_kafka.cli.logs import formatter
 from amps_on_kafka.config import Config
 from amps_on_kafka.processor.summary import Summary
 from amps_on_kafka.processor.worker import Worker
+from tests.cli.test_failures import Running, write_config
 
 
 def _record(name: str, message: str, **extra) -> logging.LogRecord:
@@ -116,3 +118,29 @@ def test_the_worker_logs_each_anomaly_once_with_its_context_and_a_summary(
     (revoked,) = _events(caplog, "revoked")
     assert assigned.partitions == revoked.partitions == [f"{topic}|0"]
     assert "from the start of the log" in assigned.getMessage()
+
+
+def test_with_log_format_json_every_stderr_line_of_a_worker_is_json(
+    bootstrap, topic_factory, tmp_path
+):
+    """A log shipper reading the worker's stderr meets nothing but JSON, the ready line
+    included (at --log-level warning too: scripts wait for it)."""
+    topic = topic_factory(partitions=1, key=("/id",))
+    config = write_config(
+        tmp_path, f"Topics: [{{Name: {topic}}}]\nSOW: [{{Topic: {topic}, Key: /id}}]\n"
+    )
+    running = Running(
+        "worker", "--config", config, "--state-dir", str(tmp_path / "state"),
+        "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "warning",
+        bootstrap=bootstrap,
+    )  # fmt: skip
+    try:
+        ready = orjson.loads(running.wait_for("worker ready: gateway="))
+        code, stderr = running.interrupt(signal.SIGTERM)
+    finally:
+        running.kill()
+    assert code == 0
+    assert ready["event"] == "ready" and ready["gateway"].startswith("tcp://127.0.0.1:")
+    assert ready["level"] == "INFO" and ready["logger"] == "amps_on_kafka.cli"
+    for line in stderr.splitlines():
+        assert {"time", "level", "logger", "message"} <= set(orjson.loads(line)), line
