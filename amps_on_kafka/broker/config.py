@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 _SINGLE_NODE = {
     "process.roles": "broker,controller",
     "node.id": "1",
     "controller.listener.names": "CONTROLLER",
-    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-    "inter.broker.listener.name": "PLAINTEXT",
     "offsets.topic.replication.factor": "1",
     "offsets.topic.num.partitions": "1",
     "transaction.state.log.replication.factor": "1",
@@ -37,14 +36,29 @@ _SINGLE_NODE = {
 }
 
 
-def server_properties(host: str, port: int, controller_port: int, log_dir: Path) -> str:
-    """The ``server.properties`` text for a broker on ``host:port``."""
+def server_properties(
+    host: str,
+    port: int,
+    controller_port: int,
+    log_dir: Path,
+    *,
+    secure: Mapping[str, str] | None = None,
+) -> str:
+    """The ``server.properties`` text for a broker on ``host:port``.
+
+    With ``secure`` (broker/secure.py's settings) the client listener, which the broker
+    also uses to reach itself, is SASL_SSL instead of PLAINTEXT.
+    """
+    listener = "SASL_SSL" if secure is not None else "PLAINTEXT"
     props = {
         **_SINGLE_NODE,
+        "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": listener,
         "controller.quorum.voters": f"1@{host}:{controller_port}",
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "listeners": f"{listener}://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"{listener}://{host}:{port}",
         "log.dirs": str(log_dir),
+        **(secure or {}),
     }
     return "".join(f"{key}={value}\n" for key, value in props.items())
 

@@ -20,8 +20,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from amps_on_kafka.broker import config, jars, probe, process
+from amps_on_kafka.broker import config, jars, process
 from amps_on_kafka.broker.errors import BrokerError
+from amps_on_kafka.broker.secure import SecureFiles
+from amps_on_kafka.log.kafka import Bootstrap, await_answer
 
 HOME_ENV = "AMPS_KAFKA_HOME"
 DEFAULT_HOST = "127.0.0.1"
@@ -69,13 +71,16 @@ class LocalBroker:
         port: int = DEFAULT_PORT,
         controller_port: int | None = None,
         echo: Callable[[str], None] | None = None,
+        secure: bool = False,
     ) -> None:
+        """`secure`: the client listener is SASL_SSL (broker/secure.py), not PLAINTEXT."""
         # Absolute, because the running JVM is recognised by this path in its command line.
         self.data_dir = Path(data_dir or default_data_dir()).expanduser().resolve()
         self.host = host
         self.port = port
         self.controller_port = controller_port or port + 1
         self._echo = echo or (lambda _message: None)
+        self.secure = SecureFiles(self.data_dir) if secure else None
 
     @property
     def _properties(self) -> Path:
@@ -93,8 +98,9 @@ class LocalBroker:
         bootstrap = state.get("bootstrap") or f"{self.host}:{self.port}"
         return BrokerStatus(running, pid if running else None, bootstrap, self.data_dir)
 
-    def start(self, timeout: float = START_TIMEOUT) -> str:
-        """Make sure the broker runs and answers; return its bootstrap address.
+    def start(self, timeout: float = START_TIMEOUT) -> Bootstrap:
+        """Make sure the broker runs and answers; return its bootstrap address (carrying
+        the client properties that reach it when secured: log.kafka.Bootstrap).
 
         A broker already running from this data directory is reused whatever port was asked
         for. Otherwise the jars are fetched (first time only), the storage is formatted
@@ -104,8 +110,9 @@ class LocalBroker:
         with self._lock():
             current = self.status()
             if current.running:
-                self._await(current.pid, current.bootstrap, timeout)
-                return current.bootstrap
+                bootstrap = self._client_bootstrap(current.bootstrap)
+                self._await(current.pid, bootstrap, timeout)
+                return bootstrap
             return self._launch(timeout)
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> bool:
@@ -124,10 +131,12 @@ class LocalBroker:
         classpath = jars.classpath(libs)
         java = jars.require_tool("java", "install Java 17+ (e.g. `apt-get install openjdk-17-jre`)")
         self._check_ports_free()
+        formatted = (self.data_dir / "kafka" / "meta.properties").exists()
+        self._check_same_security(formatted)
         self._write_config()
-        if not (self.data_dir / "kafka" / "meta.properties").exists():
+        if not formatted:
             self._format(java, classpath)
-        bootstrap = f"{self.host}:{self.port}"
+        bootstrap = self._client_bootstrap(f"{self.host}:{self.port}")
         self._echo(f"starting Kafka broker at {bootstrap} (data in {self.data_dir}) ...")
         pid = process.launch(
             [
@@ -143,7 +152,7 @@ class LocalBroker:
             cwd=self.data_dir,
             output=self.data_dir / "broker.out",
         )
-        self._write_state({"pid": pid, "bootstrap": bootstrap})
+        self._write_state({"pid": pid, "bootstrap": str(bootstrap)})
         try:
             self._await(pid, bootstrap, timeout)
         except BrokerError:
@@ -152,10 +161,30 @@ class LocalBroker:
             raise
         return bootstrap
 
+    def _client_bootstrap(self, address: str) -> Bootstrap:
+        """`address` with what a client needs to reach it; a secured broker's credentials
+        and CA, also written to client.properties for other clients and tools."""
+        if self.secure is None:
+            return Bootstrap(address)
+        credentials = self.secure.ensure(self.host)
+        self.secure.write_client_properties(address, credentials)
+        return Bootstrap(address, self.secure.client_settings(credentials))
+
+    def _check_same_security(self, formatted: bool) -> None:
+        """A storage formatted for one kind of listener can't serve the other: the SCRAM
+        users are created when it is formatted."""
+        if not formatted or (self.secure is not None) == SecureFiles(self.data_dir).exists():
+            return
+        asked, made = ("secured", "plain") if self.secure is not None else ("plain", "secured")
+        raise BrokerError(
+            f"{self.data_dir} holds a {made} broker's data; a {asked} broker needs another "
+            "data directory (--data-dir)"
+        )
+
     def _await(self, pid: int, bootstrap: str, timeout: float) -> None:
         """Return once the broker answers; raise with its log tail if it dies or times out."""
         marker = str(self._properties)
-        if probe.await_answer(bootstrap, timeout, alive=lambda: process.is_alive(pid, marker)):
+        if await_answer(bootstrap, timeout, alive=lambda: process.is_alive(pid, marker)):
             return
         if process.is_alive(pid, marker):
             what = f"is running but did not answer within {timeout:.0f} s"
@@ -179,12 +208,17 @@ class LocalBroker:
                     ) from exc
 
     def _write_config(self) -> None:
-        """(Re)write the config files so a changed port or a newer asset takes effect."""
-        self._properties.write_text(
-            config.server_properties(
-                self.host, self.port, self.controller_port, self.data_dir / "kafka"
-            )
+        """(Re)write the config files so a changed port or a newer asset takes effect.
+        A secured broker's holds the inter-broker password: readable by its owner only."""
+        secure = None
+        if self.secure is not None:
+            secure = self.secure.broker_settings(self.secure.ensure(self.host))
+        text = config.server_properties(
+            self.host, self.port, self.controller_port, self.data_dir / "kafka", secure=secure
         )
+        self._properties.touch(mode=0o600)
+        self._properties.chmod(0o600)
+        self._properties.write_text(text)
         (self.data_dir / "log4j2.yaml").write_text(jars.asset_text("log4j2.yaml"))
 
     def _format(self, java: str, classpath: str) -> None:
@@ -202,6 +236,8 @@ class LocalBroker:
             "-c",
             str(self._properties),
         ]
+        if self.secure is not None:
+            cmd += self.secure.scram_users(self.secure.ensure(self.host))
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise BrokerError(

@@ -21,12 +21,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from amps_on_kafka.broker import probe
 from amps_on_kafka.broker.config import new_cluster_id
 from amps_on_kafka.broker.errors import BrokerError
 from amps_on_kafka.broker.jars import KAFKA_VERSION
 from amps_on_kafka.broker.local import START_TIMEOUT, LocalBroker
 from amps_on_kafka.broker.resolve import BOOTSTRAP_ENV
+from amps_on_kafka.log.kafka import Bootstrap, await_answer
 
 KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 
@@ -68,11 +68,19 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 @contextmanager
-def temporary_broker(*, echo: Callable[[str], None] | None = None) -> Iterator[str]:
-    """A LocalBroker in a fresh temporary directory on free ports, stopped and removed after."""
+def temporary_broker(
+    *, echo: Callable[[str], None] | None = None, secure: bool = False
+) -> Iterator[Bootstrap]:
+    """A LocalBroker in a fresh temporary directory on free ports, stopped and removed after.
+
+    `secure`: its listener is SASL_SSL (broker/secure.py); the address yielded carries
+    the client properties, also in `<its data dir>/client.properties`.
+    """
     data_dir = Path(tempfile.mkdtemp(prefix="amps-kafka-test-"))
     port, controller_port = free_ports(2)
-    broker = LocalBroker(data_dir, port=port, controller_port=controller_port, echo=echo)
+    broker = LocalBroker(
+        data_dir, port=port, controller_port=controller_port, echo=echo, secure=secure
+    )
     try:
         yield broker.start()
     finally:
@@ -97,7 +105,7 @@ def _container() -> Iterator[str]:
         container.with_env(key, value)
     with container:
         bootstrap = f"{host}:{port}"
-        if not probe.await_answer(bootstrap, START_TIMEOUT, alive=lambda: _running(container)):
+        if not await_answer(bootstrap, START_TIMEOUT, alive=lambda: _running(container)):
             stdout, stderr = container.get_logs()
             tail = (stdout + stderr).decode(errors="replace")[-3000:]
             raise BrokerError(
