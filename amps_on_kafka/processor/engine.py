@@ -45,6 +45,9 @@ class SowEngine:
         self.ready = threading.Event()  # set once startup expiry of the first assignment ran
         self.assignment_changed = threading.Event()  # set at every attach and detach
         self._assignment_listeners: list[Callable[[], None]] = []  # called likewise
+        # Partitions attached but still catching up with the log end as of their
+        # assignment (the offset they must reach): not served to other gateways.
+        self._restoring: dict[tuple[str, int], int] = {}
         self._stores: dict[tuple[str, int], PartitionStore] = {}
         self._listeners: list[Listener] = []
         self._previous_wanted: Counter[str] = Counter()
@@ -65,14 +68,40 @@ class SowEngine:
             return sorted(p for t, p in self._stores if t == topic)
 
     # -- the worker's side --------------------------------------------------------
-    def attach(self, store: PartitionStore) -> None:
+    def serving(self, topic: str) -> list[int]:
+        """The partitions of a topic held here that have caught up with the log as it
+        was when they were assigned: those a query spread over the workers may use (a
+        partition restoring from the log would answer with part of its records)."""
         with self.lock:
-            self._stores[(store.topic, store.partition)] = store
+            return [p for p in self.partitions(topic) if (topic, p) not in self._restoring]
+
+    def attach(self, store: PartitionStore, restore_to: int = 0) -> None:
+        """Hold `store`; it serves once it has applied the log up to `restore_to`."""
+        key = (store.topic, store.partition)
+        with self.lock:
+            self._stores[key] = store
+            if (store.next_offset() or 0) < restore_to:
+                self._restoring[key] = restore_to
         self._assignment_changed()
+
+    def restored(self, topic: str, partition: int, position: int) -> None:
+        """The worker's consumer stands at `position` in the partition: serve it once
+        that reaches the log end it had to catch up with."""
+        key = (topic, partition)
+        with self.lock:
+            if self._restoring.get(key, position) > position:
+                return
+            self._restoring.pop(key, None)
+        self._assignment_changed()
+
+    def restoring(self) -> list[tuple[str, int]]:
+        with self.lock:
+            return list(self._restoring)
 
     def detach(self, topic: str, partition: int) -> PartitionStore | None:
         with self.lock:
             store = self._stores.pop((topic, partition), None)
+            self._restoring.pop((topic, partition), None)
         self._assignment_changed()
         return store
 
@@ -172,7 +201,7 @@ class SowEngine:
     def held(self, topic: str, partitions: Collection[int]) -> None:
         """PartitionsMoving unless every one of `partitions` is held here now (a peer's
         gateway asks for its part of a query: server/cluster.py)."""
-        missing = set(partitions) - set(self.partitions(topic))
+        missing = set(partitions) - set(self.serving(topic))
         if missing:
             raise PartitionsMoving(
                 f"retry: partitions moving ({topic} partition(s) "

@@ -146,8 +146,7 @@ class Worker:
         self._lock.acquire()
         try:
             check_topics(self.bootstrap, self.config)
-            if self.rules:
-                ensure_dead_letter_topics(self.bootstrap, self.config)
+            ensure_dead_letter_topics(self.bootstrap, self.config)  # SOW and queues alike
         except BaseException:
             self._lock.release()
             raise
@@ -268,6 +267,7 @@ class Worker:
                     self._expire_due()
                 self._flush_due()
                 self._release_held()
+                self._check_restored(consumer)
         finally:
             for repartitioner in self.repartitioners:
                 repartitioner.stop()
@@ -310,7 +310,7 @@ class Worker:
             self._place(consumer, topic)
         resumed = []
         for tp in partitions:
-            store = self._open(self._logical[tp.topic], tp.partition)
+            store = self._open(self._logical[tp.topic], tp.partition, self._end_of(consumer, tp))
             stored = store.next_offset()
             tp.offset = stored if stored is not None else OFFSET_BEGINNING
             where = f"at {stored}" if stored is not None else "from the start of the log"
@@ -324,6 +324,29 @@ class Worker:
             )
         consumer.incremental_assign(partitions)
         self.engine.ready.set()
+
+    def _end_of(self, consumer: Consumer, tp: TopicPartition) -> int:
+        """The log end a newly assigned partition must reach before it serves queries
+        spread over the workers (SowEngine.serving); 0 (at once) if Kafka can't say."""
+        try:
+            _, end = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT, cached=False)
+        except KafkaException as exc:
+            log.warning(
+                "%s|%s: log end unknown (%s); serving it at once", tp.topic, tp.partition, exc
+            )
+            return 0
+        return max(end, 0)
+
+    def _check_restored(self, consumer: Consumer) -> None:
+        """Partitions restoring from the log serve once the consumer reached their end
+        (its position: a transaction marker after the last record counts)."""
+        for topic, partition in self.engine.restoring():
+            store = self.engine.store(topic, partition)
+            if store is None:
+                continue
+            tp = TopicPartition(self._consumed(topic), partition)
+            position = consumer.position([tp])[0].offset
+            self.engine.restored(topic, partition, max(position, store.next_offset() or 0))
 
     def _place(self, consumer: Consumer, topic: str) -> None:
         """Where the topic's keys belong, by its partition count as Kafka has it now (a
@@ -347,7 +370,7 @@ class Worker:
         repartition topic): where their offsets point."""
         return consumed_topic(self.config.sow_for(topic))  # type: ignore[arg-type]
 
-    def _open(self, topic: str, partition: int) -> PartitionStore:
+    def _open(self, topic: str, partition: int, restore_to: int = 0) -> PartitionStore:
         rules = self.rules[topic]
         store = PartitionStore(
             store_path(self.state_dir, self._consumed(topic), partition),
@@ -358,7 +381,7 @@ class Worker:
         )
         rules.schedules[partition] = self._expiry_schedule(store, rules)
         self._expire_store(store, rules)  # seed 000: expirations due at startup go first
-        self.engine.attach(store)
+        self.engine.attach(store, restore_to)
         return store
 
     def _expiry_schedule(self, store: PartitionStore, rules: SowRules) -> ExpirySchedule:

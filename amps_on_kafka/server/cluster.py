@@ -122,7 +122,7 @@ class Cluster:
     def current(self, topic: str, count: int) -> Plan:
         """The plan as the directory and the engine have it now; PartitionsMoving when a
         partition has no worker to ask."""
-        held = set(self.gateway.engine.partitions(topic))
+        held = set(self.gateway.engine.serving(topic))
         claims = self.membership.directory.owners(topic)
         owners: dict[int, str] = {}
         missing = []
@@ -275,7 +275,7 @@ class SpreadSubscription:
         """End the subscription with a failure ack: the client subscribes again."""
         if self.closed:
             return
-        self.session.fail(self.request.header, f"subscription {self.sub_id}: {reason}")
+        self.session.fail(self.request.header, reason)  # its sub_id names the subscription
         self.session.remove_subscription(self.sub_id)
         self.close()
 

@@ -192,7 +192,7 @@ class Membership:
             consumer.close()
 
     def _announce(self) -> None:
-        parts = {sow.topic: self.engine.partitions(sow.topic) for sow in self.engine.config.sow}
+        parts = {sow.topic: self.engine.serving(sow.topic) for sow in self.engine.config.sow}
         value = orjson.dumps({"address": self.address, "parts": parts, "at": time.time()})
         self._producer.produce(WORKERS_TOPIC, key=self.key, value=value)  # type: ignore[union-attr]
         self._producer.flush(METADATA_TIMEOUT)  # type: ignore[union-attr]

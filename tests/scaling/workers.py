@@ -1,0 +1,85 @@
+"""Worker processes of one group, started with `amps-kafka worker`, for the multi-worker
+test and the scaling benchmark (bench/scaling.py): each can be SIGKILLed and restarted
+on its state directory with its instance id."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import yaml
+
+ROOT = Path(__file__).parents[2]
+
+
+def write_config(path: Path, topic: str, partitions: int, session_timeout: float) -> Path:
+    """A config serving one SOW topic keyed by /id, anonymous logons (a test's)."""
+    config = {
+        "Topics": [{"Name": topic, "Partitions": partitions}],
+        "SOW": [{"Topic": topic, "Key": "/id"}],
+        "Worker": {"SessionTimeout": session_timeout},
+        "Authentication": {"Anonymous": True},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class WorkerProcess:
+    """`amps-kafka worker` with instance id `name`, state in `base/name`."""
+
+    def __init__(self, name: str, config: Path, bootstrap: str, group: str, base: Path) -> None:
+        self.name = name
+        self.config = config
+        self.bootstrap = bootstrap
+        self.group = group
+        self.state = base / name
+        self.ready_file = base / f"{name}.ready"
+        self.log = base / f"{name}.log"
+        self.process: subprocess.Popen | None = None
+        self.address: str | None = None
+
+    def start(self) -> WorkerProcess:
+        command = [sys.executable, "-m", "amps_on_kafka.cli", "worker"]
+        command += ["--config", str(self.config), "--state-dir", str(self.state)]
+        command += ["--listen", "127.0.0.1:0", "-b", self.bootstrap, "--group", self.group]
+        command += ["--instance-id", self.name, "--ready-file", str(self.ready_file)]
+        command += ["--log-level", "INFO"]
+        self.ready_file.unlink(missing_ok=True)
+        self.address = None  # a new port: the old address answers no more
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, stderr=log, stdout=log)
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> str:
+        """The gateway's URI once the ready file says it serves."""
+        deadline = time.monotonic() + timeout
+        while not self.ready_file.exists():
+            if self.process is None or self.process.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited:\n{self.log.read_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker {self.name} not ready:\n{self.log.read_text()}")
+            time.sleep(0.1)
+        self.address = orjson.loads(self.ready_file.read_bytes())["gateway"]
+        return self.address
+
+    def kill(self) -> None:
+        """SIGKILL: no tombstone, no leaving the group, stores as the crash left them."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
