@@ -28,6 +28,7 @@ from amps_on_kafka.log.kafka import Bootstrap, await_answer
 HOME_ENV = "AMPS_KAFKA_HOME"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 39092
+DEFAULT_SECURE_PORT = 39094  # beside the plain broker's 39092 and its controller's 39093
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 # Small heap and the serial collector: one broker for development and tests on a 2-core
@@ -41,13 +42,16 @@ JVM_OPTIONS = (
 )
 
 
-def default_data_dir() -> Path:
-    """``$AMPS_KAFKA_HOME``, else ``~/.local/share/amps_on_kafka/broker``."""
+def default_data_dir(*, secure: bool = False) -> Path:
+    """``$AMPS_KAFKA_HOME``, else ``~/.local/share/amps_on_kafka/broker``; a secured
+    broker's is the same with ``-secure`` appended, so both can run side by side."""
     explicit = os.environ.get(HOME_ENV)
     if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base) / "amps_on_kafka" / "broker"
+        path = Path(explicit).expanduser()
+    else:
+        base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+        path = Path(base) / "amps_on_kafka" / "broker"
+    return path.with_name(path.name + "-secure") if secure else path
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class LocalBroker:
     ) -> None:
         """`secure`: the client listener is SASL_SSL (broker/secure.py), not PLAINTEXT."""
         # Absolute, because the running JVM is recognised by this path in its command line.
-        self.data_dir = Path(data_dir or default_data_dir()).expanduser().resolve()
+        self.data_dir = Path(data_dir or default_data_dir(secure=secure)).expanduser().resolve()
         self.host = host
         self.port = port
         self.controller_port = controller_port or port + 1

@@ -26,7 +26,7 @@ from amps_on_kafka.broker.errors import BrokerError
 from amps_on_kafka.broker.jars import KAFKA_VERSION
 from amps_on_kafka.broker.local import START_TIMEOUT, LocalBroker
 from amps_on_kafka.broker.resolve import BOOTSTRAP_ENV
-from amps_on_kafka.log.kafka import Bootstrap, await_answer
+from amps_on_kafka.log.kafka import await_answer
 
 KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 
@@ -68,19 +68,11 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 @contextmanager
-def temporary_broker(
-    *, echo: Callable[[str], None] | None = None, secure: bool = False
-) -> Iterator[Bootstrap]:
-    """A LocalBroker in a fresh temporary directory on free ports, stopped and removed after.
-
-    `secure`: its listener is SASL_SSL (broker/secure.py); the address yielded carries
-    the client properties, also in `<its data dir>/client.properties`.
-    """
+def temporary_broker(*, echo: Callable[[str], None] | None = None) -> Iterator[str]:
+    """A LocalBroker in a fresh temporary directory on free ports, stopped and removed after."""
     data_dir = Path(tempfile.mkdtemp(prefix="amps-kafka-test-"))
     port, controller_port = free_ports(2)
-    broker = LocalBroker(
-        data_dir, port=port, controller_port=controller_port, echo=echo, secure=secure
-    )
+    broker = LocalBroker(data_dir, port=port, controller_port=controller_port, echo=echo)
     try:
         yield broker.start()
     finally:
