@@ -1,6 +1,8 @@
 """The collector pause around each batch: nested, and never turning on a disabled one."""
 
 import gc
+import threading
+import time
 import weakref
 
 import pytest
@@ -9,8 +11,19 @@ from amps_on_kafka.processor import collections
 from amps_on_kafka.processor.collections import collections_paused
 
 
+def no_pause_in_progress(timeout: float = 10.0) -> None:
+    """Wait until no thread of the process is inside a pause: the pause is process-wide, so a
+    worker thread an earlier test left running would otherwise decide these tests' outcome."""
+    deadline = time.monotonic() + timeout
+    while collections._depth and time.monotonic() < deadline:
+        time.sleep(0.01)
+    names = [thread.name for thread in threading.enumerate()]
+    assert collections._depth == 0, f"a pause is held by another thread; threads: {names}"
+
+
 @pytest.fixture(autouse=True)
 def collector_restored():
+    no_pause_in_progress()
     enabled = gc.isenabled()
     yield
     if enabled:
