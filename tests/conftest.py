@@ -7,7 +7,9 @@ Kafka (the filter language, config parsing) never wait for a broker.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import gc
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,9 +18,25 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from amps_on_kafka.broker.resolve import BOOTSTRAP_ENV
 from amps_on_kafka.broker.testing import kafka_for_tests
 
 ADMIN_TIMEOUT = 30.0
+_shared_broker = contextlib.ExitStack()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``), start one broker in the controlling process and hand it
+    to every test process through ``$KAFKA_BOOTSTRAP_SERVERS``, which they inherit: N brokers
+    on a 2-core machine would cost more than the parallel run saves."""
+    controller = not hasattr(config, "workerinput")
+    parallel = bool(getattr(config.option, "numprocesses", None))
+    if controller and parallel and not os.environ.get(BOOTSTRAP_ENV):
+        os.environ[BOOTSTRAP_ENV] = _shared_broker.enter_context(kafka_for_tests())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _shared_broker.close()
 
 
 def create_topic(bootstrap: str, spec: Any, retention: float | None = None) -> None:
