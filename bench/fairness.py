@@ -1,19 +1,26 @@
-"""Hardening benchmark: another session's heartbeats while one client scans the whole SOW.
+"""Hardening benchmark: another session's heartbeats while one client scans the whole SOW,
+and while subscriptions with a costly filter receive big changes.
 
     python -m bench fairness [--records 1000000] [--filter "/qty > 500"]
+                             [--big-changes 20] [--change-bytes 500000] [--subscribers 2]
 
-A worker and its gateway run in this process; a scanning client and a heartbeating client
-run in spawned processes of their own, as applications would. Heartbeats go out every
-5 ms for as long as the scan runs; the benchmark reports their latency (p50, p99, max)
-against the 50 ms target, for a filtered scan, a scan ordered by a field (a sort of every
-record) and a scan whose LIKE pattern is catastrophic for a backtracking engine. The
-scan's rate is reported beside raw confluent-kafka consuming the same log in the same run.
+A worker and its gateway run in this process; scanning, subscribing, publishing and
+heartbeating clients run in spawned processes of their own, as applications would.
+Heartbeats go out every 5 ms for as long as the scan (or the subscriptions' deliveries)
+run; the benchmark reports their latency (p50, p99, max) against the 50 ms target, for a
+filtered scan, a scan ordered by a field (a sort of every record), a scan whose LIKE
+pattern is catastrophic for a backtracking engine, and subscriptions whose filter is about
+as costly as a legal one can be (20 large LIKE patterns that fail on random letters) while
+changes of half a megabyte are published. The scan's rate is reported beside raw
+confluent-kafka consuming the same log in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import random
+import string
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -27,6 +34,10 @@ from bench.sow import fill
 
 TARGET_MS = 50.0
 PACE = 0.005  # seconds between heartbeats
+#: 20 LIKE patterns of a large RE2 program each, which fail on random letters, then a
+#: condition every record meets: a subscription evaluates all of them for every change.
+COSTLY = " OR ".join(f"/note LIKE '{c}.{{30}}{c}0'" for c in string.ascii_lowercase[:20])
+COSTLY += " OR /id >= 0"
 
 
 def scan(address: str, topic: str, filter: str, order_by: str | None, started: Any) -> tuple:
@@ -66,6 +77,53 @@ def measure(pool: ProcessPoolExecutor, manager: Any, address: str, topic: str, *
     return end - start, delivered, during
 
 
+def subscriber(address: str, topic: str, count: int, started: Any) -> float:
+    """Receive `count` changes on a subscription with the COSTLY filter; when done."""
+    with Client(f"bench-subscriber-{random.randrange(1 << 30)}") as client:
+        client.connect(f"tcp://{address}/amps/json")
+        client.logon()
+        stream = client.subscribe(topic, COSTLY)
+        started.set()
+        for received, _ in enumerate(stream, 1):
+            if received == count:
+                break
+        return time.time()
+
+
+def publish_big(servers: str, topic: str, count: int, size: int) -> float:
+    """`count` changes with a `note` of `size` random letters; when the first was sent."""
+    rng = random.Random(3)
+    with Client("bench-big-publisher") as client:
+        client.connect(f"kafka://{servers}")
+        client.logon()
+        start = time.time()
+        for i in range(count):
+            note = "".join(rng.choices(string.ascii_lowercase, k=size))
+            client.publish(topic, {"id": f"big-{i}", "note": note})
+        client.publish_flush(120)
+        return start
+
+
+def measure_subscriptions(
+    pool: ProcessPoolExecutor, manager: Any, servers: str, address: str, topic: str, args: Any
+) -> tuple[float, list[float]]:
+    """Heartbeat latencies while `args.subscribers` costly subscriptions get big changes."""
+    ready = [manager.Event() for _ in range(args.subscribers)]
+    started, done = manager.Event(), manager.Event()
+    beats = pool.submit(heartbeats, address, started, done)
+    subscribed = [pool.submit(subscriber, address, topic, args.big_changes, r) for r in ready]
+    try:
+        for event in ready:
+            event.wait(60)
+        started.set()
+        start = pool.submit(publish_big, servers, topic, args.big_changes, args.change_bytes)
+        start_at = start.result()
+        end = max(future.result() for future in subscribed)
+    finally:
+        done.set()
+    return end - start_at, [lat for sent, lat in beats.result() if start_at <= sent <= end]
+
+
 def describe(label: str, seconds: float, delivered: int, during: list[float]) -> None:
     if not during:
         print(f"{label:<48} no heartbeat fell inside the {seconds:.2f} s scan", flush=True)
@@ -84,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench fairness")
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--filter", default="/qty > 500")
+    parser.add_argument("--big-changes", type=int, default=20, help="0: no subscription run")
+    parser.add_argument("--change-bytes", type=int, default=500_000)
+    parser.add_argument("--subscribers", type=int, default=2)
     args = parser.parse_args(argv)
     servers = bootstrap()
     topic = new_topic(servers, "fairness", 1, key=("/id",))
@@ -93,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as state, spawn.Manager() as manager:
         worker, gateway = serve(servers, topic, state)
         try:
-            with ProcessPoolExecutor(max_workers=2, mp_context=spawn) as pool:
+            workers = max(2, args.subscribers + 2)
+            with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
                 queries = [
                     (f"filtered scan {args.filter!r}", args.filter, None),
                     ("filtered scan, ordered by /px", args.filter, "/px"),
@@ -107,6 +169,16 @@ def main(argv: list[str] | None = None) -> None:
                     if order_by is None and delivered:
                         ours = Result("gateway", seconds, args.records)
                         report(f"  records scanned, {args.records:,}", ours, peer)
+                if args.big_changes:
+                    seconds, during = measure_subscriptions(
+                        pool, manager, servers, gateway.address, topic, args
+                    )
+                    label = (
+                        f"{args.subscribers} costly subscriptions, {args.big_changes} changes "
+                        f"of {args.change_bytes / 1e6:g} MB"
+                    )
+                    delivered = args.big_changes * args.subscribers
+                    describe(label, seconds, delivered, during)
         finally:
             gateway.stop()
             worker.stop()

@@ -1,9 +1,25 @@
 """From the engine's applied batches to subscriptions and sow_delete acks.
 
 The gateway registers ONE listener on the engine. It runs on the worker's thread under
-the engine lock, so it only numbers the batch and hands it to the event loop; there the
-batch is split by topic and offered to each SOW subscription of that topic, and its
-command results complete waiting sow_delete acks.
+the engine lock, so it only numbers the batch and hands it to the event loop. There the
+batch's command results complete waiting sow_delete acks at once, and its changes join
+the fan-out backlog.
+
+Filtering is not done on the loop: a legal filter (64 LIKE patterns, string functions)
+takes a large fraction of a second on a record of a megabyte, and every other session,
+heartbeats included, waited for it. One job at a time takes the backlog's oldest
+batches (up to JOB_CHANGES changes) to the gateway's pool, where every subscription of
+each batch's topic filters the changes and encodes its frames (RE2 releases the GIL
+while it matches, and Python hands it back to the loop every switch interval); the loop
+then writes each subscription's frames. Jobs run one after another, so every
+subscription receives its changes in log order, as before.
+
+Bound: the backlog (the batches waiting for or in a job) holds at most
+MAX_BACKLOG_CHANGES changes and MAX_BACKLOG_BYTES of records. At the end of a job that
+leaves it over either, and no smaller than after the last such failure (the subscriptions
+left are not catching up either), the subscription whose filtering took the longest in
+that job is failed with a reason (a failure ack naming it), as a reader too slow for its
+deliveries is disconnected: live changes can't wait for one subscriber.
 
 Batch numbers let sow_and_subscribe join its snapshot to the live stream exactly: see
 Boundary.
@@ -12,9 +28,12 @@ Boundary.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from amps_on_kafka.processor.engine import QueryResult, SowEngine
 from amps_on_kafka.state.events import BatchApplied, Change
@@ -22,23 +41,69 @@ from amps_on_kafka.state.events import BatchApplied, Change
 if TYPE_CHECKING:
     from amps_on_kafka.server.publishing import DeleteTracker
 
+log = logging.getLogger(__name__)
+
+MAX_BACKLOG_CHANGES = 100_000
+MAX_BACKLOG_BYTES = 64 * 1024 * 1024
+JOB_CHANGES = 2_000  # changes one job takes: enough to spread a pool hop over many
+
+Blocking = Callable[..., Awaitable[Any]]  # Gateway.blocking: work on the gateway's pool
+
 
 class ChangeSink(Protocol):
     topic: str
+    closed: bool
 
-    def on_changes(self, number: int, changes: list[Change]) -> None: ...
+    def frames_for(self, changes: list[Change]) -> bytes:
+        """The pool: the encoded frames these changes give this sink (maybe none)."""
+        ...
+
+    def on_frames(self, number: int, offered: int, frames: bytes) -> None:
+        """The loop: batch `number` gave `frames` from `offered` changes of the topic."""
+        ...
+
+    def fail(self, reason: str) -> None:
+        """The loop: end this sink, telling its client why."""
+        ...
+
+
+class Waiting(NamedTuple):
+    """A batch in the backlog, with what it holds (BatchApplied.size)."""
+
+    number: int
+    applied: BatchApplied
+    changes: int  # 0: nothing to filter (no subscription when it came), only its turn
+    held: int
+
+
+# What a job found: each sink's frames per batch, in order; each sink's filtering time;
+# the sinks whose frames could not be made (a bug), with the reason
+Found = tuple[
+    list[tuple[int, ChangeSink, int, bytes]], dict[ChangeSink, float], dict[ChangeSink, str]
+]
 
 
 class Fanout:
     def __init__(
-        self, engine: SowEngine, loop: asyncio.AbstractEventLoop, deletes: DeleteTracker
+        self,
+        engine: SowEngine,
+        loop: asyncio.AbstractEventLoop,
+        deletes: DeleteTracker,
+        blocking: Blocking,
     ) -> None:
         self.engine = engine
         self.deletes = deletes
         self.batches = 0  # batches numbered so far; written only under engine.lock
         self._last: BatchApplied | None = None
         self._loop = loop
+        self._blocking = blocking
         self._sinks: dict[str, set[ChangeSink]] = defaultdict(set)
+        self._backlog: deque[Waiting] = deque()
+        self.backlog_changes = 0
+        self.backlog_bytes = 0
+        self._job: asyncio.Task[None] | None = None
+        self.delivered = 0  # the last batch number whose frames are all written (the loop)
+        self._failed_at: tuple[int, int] | None = None  # the backlog after the last failure
 
     # -- the worker's thread, under engine.lock ------------------------------------
     def listener(self, applied: BatchApplied) -> None:
@@ -62,17 +127,103 @@ class Fanout:
             if not sinks:
                 del self._sinks[sink.topic]
 
+    def stop(self) -> None:
+        if self._job is not None:
+            self._job.cancel()
+
     def _deliver(self, number: int, applied: BatchApplied) -> None:
         if applied.results:
             self.deletes.apply(applied.results)
-        if not self._sinks or not applied.changes:  # unread, a blind batch stays unbuilt
+        # unread without a subscription, a blind batch stays unbuilt
+        changes, held = applied.size() if self._sinks else (0, 0)
+        if not changes and self._job is None:
+            self.delivered = number
             return
+        self._backlog.append(Waiting(number, applied, changes, held))
+        self.backlog_changes += changes
+        self.backlog_bytes += held
+        if self._job is None:
+            self._job = self._loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """Jobs one after another while the backlog holds batches."""
+        try:
+            while self._backlog:
+                work = self._take()
+                sinks = {topic: list(sinks) for topic, sinks in self._sinks.items()}
+                found, costs, broken = await self._blocking(_filter, work, sinks)
+                for number, sink, offered, frames in found:
+                    if not sink.closed:
+                        sink.on_frames(number, offered, frames)
+                for sink, reason in broken.items():
+                    if not sink.closed:
+                        sink.fail(reason)
+                for done in work:
+                    self.backlog_changes -= done.changes
+                    self.backlog_bytes -= done.held
+                self.delivered = work[-1].number
+                self._bound(costs)
+        finally:
+            self._job = None
+
+    def _take(self) -> list[Waiting]:
+        """The oldest batches, up to JOB_CHANGES changes (at least one batch)."""
+        work: list[Waiting] = []
+        taken = 0
+        while self._backlog and (not work or taken + self._backlog[0].changes <= JOB_CHANGES):
+            work.append(self._backlog.popleft())
+            taken += work[-1].changes
+        return work
+
+    def _bound(self, costs: dict[ChangeSink, float]) -> None:
+        """Over the backlog's bound: fail the subscription that cost the job the most."""
+        backlog = (self.backlog_changes, self.backlog_bytes)
+        if backlog[0] <= MAX_BACKLOG_CHANGES and backlog[1] <= MAX_BACKLOG_BYTES:
+            self._failed_at = None
+            return
+        if self._failed_at is not None and (
+            backlog[0] < self._failed_at[0] or backlog[1] < self._failed_at[1]
+        ):
+            return  # shrinking since the last failure: the others are catching up
+        live = [(cost, sink) for sink, cost in costs.items() if not sink.closed]
+        if not live:
+            return
+        cost, sink = max(live, key=lambda pair: pair[0])
+        reason = (
+            f"its filter can't keep up with the changes of {sink.topic} (it took {cost:.2f} s "
+            f"of the gateway's last filtering job; more than {MAX_BACKLOG_CHANGES:,} changes or "
+            f"{MAX_BACKLOG_BYTES >> 20} MiB wait for the gateway's subscriptions)"
+        )
+        log.warning("failing a subscription to %s: %s", sink.topic, reason)
+        sink.fail(reason)
+        self._failed_at = backlog
+
+
+def _filter(work: list[Waiting], sinks: dict[str, list[ChangeSink]]) -> Found:
+    """The pool: each batch's changes, by topic, through the sinks of their topic. A sink
+    that raises is left out from then on, to be failed: the others still get theirs."""
+    found: list[tuple[int, ChangeSink, int, bytes]] = []
+    costs: dict[ChangeSink, float] = defaultdict(float)
+    broken: dict[ChangeSink, str] = {}
+    for number, applied, count, _ in work:
         by_topic: dict[str, list[Change]] = defaultdict(list)
-        for change in applied.changes:
-            by_topic[change.topic].append(change)
+        for change in applied.changes if count else ():
+            if change.topic in sinks:
+                by_topic[change.topic].append(change)
         for topic, changes in by_topic.items():
-            for sink in list(self._sinks.get(topic, ())):
-                sink.on_changes(number, changes)
+            for sink in sinks[topic]:
+                if sink.closed or sink in broken:
+                    continue
+                started = time.perf_counter()
+                try:
+                    frames = sink.frames_for(changes)
+                except Exception as exc:  # a bug: this subscription ends, the gateway goes on
+                    log.exception("a subscription to %s failed on batch %d", topic, number)
+                    broken[sink] = f"its changes could not be delivered: {exc!r}"
+                    continue
+                costs[sink] += time.perf_counter() - started
+                found.append((number, sink, len(changes), frames))
+    return found, costs, broken
 
 
 class Boundary:

@@ -80,3 +80,16 @@ class BatchApplied:
                     self._changes = [build(key, stored) for key, stored in self._changes]
                     self._build = None
         return self._changes  # type: ignore[return-value]
+
+    def size(self) -> tuple[int, int]:
+        """How many changes the batch holds and the bytes of their records, without
+        building Change objects: what a listener that keeps the batch a while holds."""
+        changes = self._changes  # pairs or Change objects, whichever is there now
+        if changes and isinstance(changes[0], tuple):
+            return len(changes), sum(len(stored) for _, stored in changes)  # type: ignore[misc]
+        held = 0
+        for change in changes:
+            for record in (change.old, change.new):  # type: ignore[union-attr]
+                if record is not None:
+                    held += len(record.payload)
+        return len(changes), held
