@@ -23,6 +23,7 @@ from amps_on_kafka import NOW
 from amps_on_kafka.cli.common import bootstrap_option, kafka, reports_errors
 from amps_on_kafka.errors import MessageError
 from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.log.codecs import bytes_as_base64
 from amps_on_kafka.log.controls import controlled, parse_options
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.registry import TopicRegistry
@@ -198,15 +199,7 @@ _NEWLINE = orjson.OPT_APPEND_NEWLINE
 def _jsonl(out: BinaryIO, message: LogMessage) -> None:
     """The whole line is built before anything is written: a record failing half-way
     leaves no half line."""
-    out.write(orjson.dumps(message_line(message), option=_NEWLINE, default=_base64))
-
-
-def _base64(value: Any) -> Any:
-    """Bytes inside a payload (an Avro `bytes` or `fixed` field) as {"base64": ...}, the
-    way a binary payload is printed: JSON has no bytes, and the line must still print."""
-    if isinstance(value, bytes):
-        return {"base64": base64.b64encode(value).decode()}
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    out.write(orjson.dumps(message_line(message), option=_NEWLINE, default=bytes_as_base64))
 
 
 def message_line(message: LogMessage) -> dict[str, Any]:
@@ -214,7 +207,7 @@ def message_line(message: LogMessage) -> dict[str, Any]:
     its payload or headers don't decode."""
     data = message.data
     if isinstance(data, bytes):
-        data = _base64(data)
+        data = bytes_as_base64(data)
     envelope = message.envelope
     line = {
         "bookmark": message.bookmark,

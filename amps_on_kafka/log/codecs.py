@@ -11,6 +11,7 @@ bytes are taken as Avro already.
 
 from __future__ import annotations
 
+import base64
 import io
 from typing import Any, Protocol
 
@@ -18,6 +19,15 @@ import fastavro
 import orjson
 
 from amps_on_kafka.errors import MessageError
+
+
+def bytes_as_base64(value: Any) -> Any:
+    """orjson's `default` for bytes inside a decoded payload (an Avro `bytes` or `fixed`
+    field): JSON has no bytes, so they show as {"base64": "..."}, the form a binary payload
+    takes wherever JSON is written (replay lines, the gateway's wire)."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 class Codec(Protocol):

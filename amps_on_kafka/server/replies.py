@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.log.codecs import Codec, bytes_as_base64
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.state.record import SowRecord
 
@@ -93,6 +93,8 @@ def log_delivery(sub_id: str, message: LogMessage) -> dict[str, Any]:
         ("k", envelope.sow_key),
         ("e", envelope.expiration),
         ("x", envelope.correlation_id),
+        ("p", envelope.publisher_id),  # the client's Message has them on both transports,
+        ("s", envelope.sequence),  # and a bookmark store drops duplicates by them
     ):
         if value is not None:
             header[key] = value
@@ -108,6 +110,7 @@ def log_payload(message: LogMessage) -> bytes:
 
 
 def wire_payload(codec: Codec | None, raw: bytes, holder: SowRecord | LogMessage) -> bytes:
+    """Avro as JSON; a `bytes` or `fixed` field as {"base64": "..."} (docs/protocol.md)."""
     if codec is None or codec.message_type != "avro":
         return raw
-    return orjson.dumps(holder.data)
+    return orjson.dumps(holder.data, default=bytes_as_base64)

@@ -11,8 +11,11 @@ import struct
 import orjson
 import pytest
 
+from amps_on_kafka.log.codecs import AvroCodec
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.server.replies import record_payload
+from amps_on_kafka.state.record import SowRecord
 from tests.server.helpers import is_ack
 
 
@@ -253,3 +256,11 @@ def test_a_sub_id_in_use_is_refused(wire, topic_factory):
     assert is_ack(wire.recv(), "processed")
     reply = wire.request({"c": "subscribe", "cid": "2", "sub_id": "same", "t": topic})
     assert failure(reply) == "sub_id 'same' is already in use on this connection"
+
+
+def test_bytes_inside_an_avro_record_go_on_the_wire_as_base64():
+    """An Avro `bytes` field raised a TypeError in wire_payload and the message was lost."""
+    schema = {"type": "record", "name": "r", "fields": [{"name": "b", "type": "bytes"}]}
+    codec = AvroCodec(schema)
+    record = SowRecord("t", 0, "k", codec.encode({"b": b"\xff\x00"}), 1, 0, codec=codec)
+    assert orjson.loads(record_payload(record)) == {"b": {"base64": "/wA="}}
