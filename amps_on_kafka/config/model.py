@@ -371,6 +371,8 @@ class QueueConfig(_Strict):
     barrier_expression: str | None = Field(None, alias="BarrierExpression")
     target_queue_depth: int | None = Field(None, alias="TargetQueueDepth", ge=1)
     dead_letter_topic: str | None = Field(None, alias="DeadLetterTopic")
+    # Without it a DeadLetterTopic missing from Kafka stops the worker at startup, as for SOW.
+    create_dead_letter_topic: bool = Field(False, alias="CreateDeadLetterTopic")
 
     _check_name = field_validator("name")(check_topic_name)
 

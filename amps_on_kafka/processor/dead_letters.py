@@ -3,9 +3,10 @@
 A record the worker cannot apply is skipped, and its copy must be durable on the topic's
 DeadLetterTopic before the worker's offset moves past it: otherwise a refused record
 would be gone from the worker's view for good once retention removed it from the log.
-So a dead-letter topic must exist when the worker starts (or be created, when the
-config says so), and a letter Kafka does not acknowledge is an error the worker answers
-by staying on the record and trying again, never by moving on.
+So a dead-letter topic (a SOW topic's, or a queue's for its expired messages) must exist
+when the worker starts (or be created, when the config says so), and a letter Kafka does
+not acknowledge is an error the worker answers by staying on the record and trying again,
+never by moving on.
 """
 
 from __future__ import annotations
@@ -53,27 +54,40 @@ class Letter:
 
 
 def ensure_dead_letter_topics(bootstrap: str, config: Config) -> None:
-    """Every SOW DeadLetterTopic exists on Kafka before the worker reads a record.
+    """Every DeadLetterTopic (of a SOW topic or of a queue) exists on Kafka before the
+    worker reads a record.
 
-    A missing one is created when its SOW says CreateDeadLetterTopic, else it is a
+    A missing one is created when its section says CreateDeadLetterTopic, else it is a
     ConfigError naming it: Kafka would refuse every letter to it, and each refused record
-    would then hold its partition (see DeadLetters.send).
+    (or expired queue message) would then hold its partition (see DeadLetters.send).
     """
+    wanted = dead_letter_topics(config)
+    if not wanted:
+        return
     admin = admin_client(bootstrap)
-    for sow in config.sow:
-        target = sow.dead_letter_topic
-        if target is None:
-            continue
+    for owner, target, create in wanted:
         try:
             partitions_of(admin, target)
         except UnknownTopic:
-            if not sow.create_dead_letter_topic:
+            if not create:
                 raise ConfigError(
-                    f"SOW {sow.topic}: DeadLetterTopic {target!r} does not exist on Kafka; "
+                    f"{owner}: DeadLetterTopic {target!r} does not exist on Kafka; "
                     f"create it (amps-kafka topics create {target}), or set "
                     "CreateDeadLetterTopic: true"
                 ) from None
             _create(admin, target)
+
+
+def dead_letter_topics(config: Config) -> list[tuple[str, str, bool]]:
+    """(whose, DeadLetterTopic, CreateDeadLetterTopic) for each SOW topic and queue that
+    names one; `whose` reads "SOW T" or "queue Q", as errors name them."""
+    sections = [(f"SOW {sow.topic}", sow) for sow in config.sow]
+    sections += [(f"queue {queue.name}", queue) for queue in config.queues]
+    return [
+        (owner, section.dead_letter_topic, section.create_dead_letter_topic)
+        for owner, section in sections
+        if section.dead_letter_topic is not None
+    ]
 
 
 def _create(admin, name: str) -> None:

@@ -32,6 +32,7 @@ from amps_on_kafka.log.kafka import admin_client, end_offsets, partitions_of
 from amps_on_kafka.log.keys import Placement, murmur2, partition_for
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.processor.dead_letters import ensure_dead_letter_topics
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import Worker, now_ms
 from amps_on_kafka.server.gateway import Gateway
@@ -190,6 +191,41 @@ def test_CreateDeadLetterTopic_creates_a_missing_dead_letter_topic(
     try:
         config = sow_config(topic, 1, DeadLetterTopic=made, CreateDeadLetterTopic=True)
         start_worker(config)
+        assert partitions_of(admin_client(bootstrap), made) == [0]
+    finally:
+        delete_topics(bootstrap, [made])
+
+
+def queue_with_dead_letters(topic: str, target: str, **queue) -> Config:
+    return Config.model_validate(
+        {
+            "Topics": [{"Name": topic}],
+            "Queues": [{"Name": topic, "DeadLetterTopic": target, **queue}],
+        }
+    )
+
+
+def test_a_queue_dead_letter_topic_missing_from_kafka_stops_the_worker_naming_it(
+    bootstrap, topic_factory, tmp_path
+):
+    """The queue's DeadLetterTopic (for expired messages) follows the SOW rule."""
+    topic = topic_factory(1)
+    missing = f"no-such-queue-letters-{uuid.uuid4().hex[:8]}"
+    worker = Worker(queue_with_dead_letters(topic, missing), bootstrap, tmp_path)
+    expected = f"queue {topic}: DeadLetterTopic '{missing}' does not exist"
+    with pytest.raises(ConfigError, match=expected):
+        worker.start()
+    assert worker._thread is None
+
+
+def test_a_queue_CreateDeadLetterTopic_creates_its_missing_dead_letter_topic(
+    bootstrap, topic_factory, tmp_path
+):
+    topic = topic_factory(1)
+    made = f"made-queue-letters-{uuid.uuid4().hex[:8]}"
+    config = queue_with_dead_letters(topic, made, CreateDeadLetterTopic=True)
+    try:
+        ensure_dead_letter_topics(bootstrap, config)  # what Worker.start runs first
         assert partitions_of(admin_client(bootstrap), made) == [0]
     finally:
         delete_topics(bootstrap, [made])
