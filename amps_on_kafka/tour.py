@@ -86,6 +86,8 @@ def _sow_tour(bootstrap: str, topic: str) -> None:
                 {
                     "Topics": [{"Name": topic, "Partitions": 4}],
                     "SOW": [{"Topic": topic, "Key": "/id", "Expiration": "enabled"}],
+                    # a local trial: anyone may log on (docs/security.md secures it)
+                    "Authentication": {"Anonymous": True},
                 }
             )
         )

@@ -67,6 +67,7 @@ def worker(servers: str, topic: str, publish_timeout: float) -> Iterator[tuple[i
         "Topics": [{"Name": topic}],
         "SOW": [{"Topic": topic, "Key": "/id"}],
         "Gateway": {"PublishTimeout": f"{publish_timeout:g}s"},
+        "Authentication": {"Anonymous": True},
     }
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     address = f"127.0.0.1:{free_ports(1)[0]}"

@@ -74,7 +74,8 @@ def write_config(tmp_path: Path, text: str) -> str:
 
 def sow_yaml(topic: str) -> str:
     topics = f"Topics:\n  - Name: {topic}\n    Partitions: 2\n"
-    return topics + f"SOW:\n  - Topic: {topic}\n    Key: /id\n"
+    sow = f"SOW:\n  - Topic: {topic}\n    Key: /id\n"
+    return topics + sow + "Authentication:\n  Anonymous: true\n"  # clients log on anonymously
 
 
 class Running:

@@ -30,6 +30,7 @@ def test_sigterm_stops_the_worker_with_every_applied_record_on_disk(
             {
                 "Topics": [{"Name": sow_topic, "Partitions": 2}],
                 "SOW": [{"Topic": sow_topic, "Key": "/id"}],
+                "Authentication": {"Anonymous": True},
             }
         )
     )
