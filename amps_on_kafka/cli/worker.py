@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from amps_on_kafka.cli.logs import announce, log_options, setup_logging
 from amps_on_kafka.cli.ready import remove_ready_file, write_ready_file
 from amps_on_kafka.config import check_listen, load_config
 from amps_on_kafka.processor.startup import check_serves_something
-from amps_on_kafka.processor.summary import Summary
+from amps_on_kafka.processor.summary import GatewayCounts, Summary
 from amps_on_kafka.processor.worker import Worker
 
 if TYPE_CHECKING:
@@ -123,12 +124,11 @@ def _serve(
         if admin is not None:
             admin.sources.gateway = gateway
         _announce(gateway.address, processor.state_dir, ready_file, admin)
-        summary = Summary(processor, sessions=lambda: gateway.session_count)
+        Summary(processor, gateway=partial(_gateway_counts, gateway)).start(stopping)
         # Not Thread.join: a signal interrupting it marks the thread as stopped (CPython's
         # bpo-45274 handling), and stop() would then not wait for the stores to close.
         while not stopping.wait(0.5):
             processor.raise_if_failed()
-            summary.tick()
     finally:
         stopping.set()
         remove_ready_file(ready_file)
@@ -158,6 +158,11 @@ def _announce(
         admin=admin_url,
         state_dir=str(state_dir),
     )
+
+
+def _gateway_counts(gateway) -> GatewayCounts:
+    stats = gateway.stats
+    return GatewayCounts(gateway.session_count, stats.slow_consumers, stats.refused)
 
 
 def _start_admin(processor: Worker) -> AdminServer | None:

@@ -25,6 +25,7 @@ and a sow_and_subscribe then starts from a fresh snapshot, with no gap and no du
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Awaitable
@@ -41,10 +42,12 @@ from amps_on_kafka.server.fanout import Boundary
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.requests import MAX_BATCH, ProtocolError, Request
 from amps_on_kafka.server.subscriptions import MAX_HELD_CHANGES, SowSubscription
+from amps_on_kafka.state.events import CommandResult
 
 if TYPE_CHECKING:
     from amps_on_kafka.server.gateway import Gateway
     from amps_on_kafka.server.membership import Membership
+    from amps_on_kafka.server.publishing import _Delete
     from amps_on_kafka.server.queries import Query
     from amps_on_kafka.server.session import Session
 
@@ -53,10 +56,21 @@ CONNECT_TIMEOUT = 5.0  # seconds to reach a peer's gateway and log on
 ANSWER_IDLE = 30.0  # seconds a peer may stay silent while a snapshot is awaited
 FORWARDED_KEYS = ("t", "f", "orderby", "top_n", "o")
 LOCAL = ""  # the owner of a partition held here, in a plan
+RESULTS = "_results"  # a peer's sow_delete asks for its records' results: {p, s}
+RESULT = "_result"  # one of them, sent back
+RESULTS_WAIT = 60.0  # seconds a sow_delete waits for the peers' partitions to apply it
 # A peer's frames: a sow batch is at most about 1 MiB of payload (queries.BATCH_BYTES)
 # beyond one record, and a record at most a publish frame (MaxFrameBytes).
 MAX_PEER_FRAME = 64 * 1024 * 1024
 T = TypeVar("T")
+
+
+def reachable(address: str) -> str:
+    """A bound address as the other workers can reach it: 0.0.0.0 or :: is no host."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = socket.gethostname()
+    return f"{host}:{port}"
 
 
 def parts_of(header: dict[str, Any]) -> list[int] | None:
@@ -103,12 +117,13 @@ class Cluster:
 
     @classmethod
     def join(cls, gateway: Gateway, group: str, instance_id: str | None) -> Cluster:
-        """Announce the started `gateway` to its group and follow the others (returns
-        once every announcement written so far is read)."""
+        """Announce the started `gateway` to its group (at the address it is bound to, a
+        wildcard host replaced by this machine's name) and follow the others; returns
+        once every announcement written so far is read."""
         from amps_on_kafka.server.membership import Membership
 
         membership = Membership(gateway.engine, gateway.bootstrap, group, instance_id)
-        membership.start(gateway.address)  # type: ignore[arg-type]
+        membership.start(reachable(gateway.address))  # type: ignore[arg-type]
         return cls(gateway, membership)
 
     def leave(self) -> None:
@@ -180,6 +195,73 @@ class Cluster:
             spread.go_live_remote()
         if request.wants("processed"):
             session.send(ack(request.header, "processed"))
+
+    # -- sow_delete -------------------------------------------------------------------
+    @staticmethod
+    def results_wanted(header: dict[str, Any]) -> bool:
+        return RESULTS in header
+
+    def send_results(self, session: Session, request: Request) -> None:
+        """A peer wrote a sow_delete and counts what it deleted: send it the result of
+        each of its records applied here (one RESULT frame each), as they come."""
+        header = request.header
+        asked = header[RESULTS]
+        if not (
+            isinstance(asked, dict)
+            and isinstance(asked.get("p"), str)
+            and isinstance(asked.get("s"), list)
+            and all(isinstance(n, int) for n in asked["s"])
+        ):
+            raise ProtocolError(f"{RESULTS!r} must be {{'p': publisher id, 's': [sequences]}}")
+
+        def deliver(result: CommandResult) -> None:
+            reply = {"c": RESULT, "cid": header.get("cid"), "s": result.sequence}
+            session.send({**reply, "d": result.deleted, "e": result.error})
+
+        self.gateway.deletes.watch(session, asked["p"], asked["s"], deliver)
+
+    async def collect_results(self, session: Session, topic: str, entry: _Delete) -> None:
+        """The results of a sow_delete's records applied by the peers, into `entry`
+        (the local ones reach it from the engine) until every record is counted."""
+        plan = await self.plan(topic)
+        asked = {RESULTS: {"p": entry.publisher_id, "s": entry.sequences}}
+        links = [await PeerLink.open(address) for address in plan.remote]
+        try:
+            for link in links:
+                link.send({"c": "sow_delete", "cid": uuid.uuid4().hex[:12], "t": topic, **asked})
+            reading = [
+                asyncio.ensure_future(self._results(link, topic, entry.publisher_id))
+                for link in links
+            ]
+            finished = asyncio.ensure_future(entry.finished.wait())
+            done, _ = await asyncio.wait(
+                [finished, *reading], timeout=RESULTS_WAIT, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in (finished, *reading):
+                task.cancel()
+            for task in done - {finished}:
+                task.result()  # a peer gone: its PartitionsMoving
+            if finished not in done:
+                raise PartitionsMoving(
+                    f"retry: partitions moving: the delete is in the log, but not every "
+                    f"partition applied it within {RESULTS_WAIT:g}s, so its count is unknown"
+                )
+        finally:
+            for link in links:
+                link.close()
+
+    async def _results(self, link: PeerLink, topic: str, publisher_id: str) -> None:
+        """A peer's RESULT frames, applied as the engine's own results would be (a
+        record applied twice, by two owners in turn, is counted once)."""
+        while True:
+            header = (await link.receive(None)).header
+            refused(header)
+            if header.get("c") == RESULT:
+                deleted, error = int(header.get("d") or 0), header.get("e")
+                result = CommandResult(
+                    topic, -1, -1, "sow_delete", publisher_id, header["s"], None, deleted, error
+                )
+                self.gateway.deletes.apply([result])
 
     def spread(
         self, session: Session, request: Request, sub: SowSubscription

@@ -67,9 +67,7 @@ RECORD_OVERHEAD = 256
 class DeliveryPump:
     """Runs the shared producer's delivery callbacks, off the event loop."""
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, producer: Producer, timeout: float
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, producer: Producer, timeout: float) -> None:
         self._loop = loop
         self._producer = producer
         self._timeout = timeout
@@ -327,6 +325,10 @@ async def sow_delete(session: Session, request: Request) -> None:
     header = request.header
     topic = text(header, "t", required=True)
     session.gateway.engine.sow_config(topic)  # only this worker's SOW topics can be counted
+    cluster = session.gateway.cluster
+    if cluster is not None and cluster.results_wanted(header):  # a peer counting its delete
+        cluster.send_results(session, request)
+        return
     filter_text = text(header, "f")
     if filter_text is not None:
         await compiled_filter(session, header)  # a bad filter is refused with its position
@@ -348,7 +350,11 @@ async def sow_delete(session: Session, request: Request) -> None:
         writes.abandon(pending)
         raise
     writes.written(pending, len(sequences))
-    session.gateway.deletes.expect(session, request, writes.publisher.publisher_id, sequences)
+    entry = session.gateway.deletes.expect(
+        session, request, writes.publisher.publisher_id, sequences
+    )
+    if cluster is not None and sequences:  # results from the partitions the others serve
+        session.spawn(cluster.collect_results(session, topic, entry), request)
 
 
 async def flush(session: Session, request: Request) -> None:
@@ -361,13 +367,19 @@ async def _flush(session: Session, request: Request) -> None:
     session.send(ack(request.header, "processed"))
 
 
+RECENT_RESULTS = 10_000  # results of records no command here waits for, kept for a peer
+
+
 @dataclass(eq=False)
 class _Delete:
     session: Session
     request: Request
     remaining: int
+    publisher_id: str = ""
+    sequences: list[int] = field(default_factory=list)
     deleted: int = 0
     errors: list[str] = field(default_factory=list)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, result: CommandResult) -> None:
         self.deleted += result.deleted
@@ -378,6 +390,7 @@ class _Delete:
             self.done()
 
     def done(self) -> None:
+        self.finished.set()
         reason = "; ".join(self.errors) or None
         if reason or self.request.wants("processed"):
             self.session.send(ack(self.request.header, "processed", reason, matches=self.deleted))
@@ -392,23 +405,55 @@ class DeleteTracker:
 
     def __init__(self) -> None:
         self._waiting: dict[tuple[str, int], _Delete] = {}
+        # For a peer gateway counting a delete it wrote (server/cluster.py): what it asked
+        # to be sent, and the results nobody here waited for, the latest RECENT_RESULTS
+        # (a result may come before the peer's request does).
+        self._watched: dict[tuple[str, int], tuple[Session, Callable[[CommandResult], None]]]
+        self._watched = {}
+        self._recent: dict[tuple[str, int], CommandResult] = {}
 
     def expect(
         self, session: Session, request: Request, publisher_id: str, sequences: list[int]
-    ) -> None:
-        entry = _Delete(session, request, len(sequences))
+    ) -> _Delete:
+        entry = _Delete(session, request, len(sequences), publisher_id, sequences)
         if not sequences:
             entry.done()
         for sequence in sequences:
             self._waiting[(publisher_id, sequence)] = entry
+        return entry
 
     def apply(self, results: list[CommandResult]) -> None:
         for result in results:
             if result.publisher_id is None or result.sequence is None:
                 continue
-            entry = self._waiting.pop((result.publisher_id, result.sequence), None)
+            key = (result.publisher_id, result.sequence)
+            entry = self._waiting.pop(key, None)
+            watcher = self._watched.pop(key, None) if entry is None else None
             if entry is not None:
                 entry.add(result)
+            elif watcher is not None:
+                watcher[1](result)
+            else:
+                self._recent[key] = result
+                if len(self._recent) > RECENT_RESULTS:  # dicts keep insertion order
+                    del self._recent[next(iter(self._recent))]
+
+    def watch(
+        self,
+        session: Session,
+        publisher_id: str,
+        sequences: list[int],
+        deliver: Callable[[CommandResult], None],
+    ) -> None:
+        """`deliver` each result of these records applied here, past or to come."""
+        for sequence in sequences:
+            key = (publisher_id, sequence)
+            result = self._recent.pop(key, None)
+            if result is not None:
+                deliver(result)
+            else:
+                self._watched[key] = (session, deliver)
 
     def forget(self, session: Session) -> None:
         self._waiting = {k: e for k, e in self._waiting.items() if e.session is not session}
+        self._watched = {k: w for k, w in self._watched.items() if w[0] is not session}

@@ -1,0 +1,140 @@
+"""Issue 15 benchmarks: several workers, one service.
+
+    python -m bench scaling [--per-partition 100000] [--session-timeout 2]
+
+- failover: two workers share a 4-partition topic holding `--per-partition` distinct
+  keys per partition; one is SIGKILLed. Measured: from the kill until a query through
+  the other gateway is answered in full (its partitions moved, were restored from the
+  log, and announced), with the session timeout given; then the same with the killed
+  worker restarted at once on its state directory with its instance id (static
+  membership: no wait for the session timeout).
+- apply: the same topic restored by 1, 2 and 4 workers of a new group on empty state
+  directories, from launch until every partition serves, as records per second and
+  the ratio to one worker.
+
+Workers run as `amps-kafka worker` processes (tests/scaling/workers.py), as deployed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from amps_on_kafka.client import Client
+from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.log.publisher import LogPublisher
+from bench.common import bootstrap, new_topic
+from tests.scaling.workers import WorkerProcess, write_config
+
+PARTITIONS = 4
+WAIT = 600.0  # seconds any step may take before the benchmark gives up
+
+
+def fill(servers: str, topic: str, count: int) -> None:
+    publisher = LogPublisher(servers, "bench-scaling", report_successes=False)
+    for key in range(count):
+        publisher.publish(topic, {"id": key, "v": key, "pad": "x" * 150})
+    publisher.flush(300)
+
+
+def served(address: str, topic: str) -> float:
+    """When a query through `address` is first answered for the whole topic (a one-record
+    answer is complete only if every partition serves: otherwise retry:)."""
+    deadline = time.monotonic() + WAIT
+    with Client(f"bench-{uuid.uuid4().hex[:6]}") as client:
+        client.connect(address)
+        client.logon(30)
+        while time.monotonic() < deadline:
+            try:
+                list(client.sow(topic, top_n=1, timeout=60))
+                return time.monotonic()
+            except AmpsError as exc:
+                if not exc.reason.startswith("retry:"):
+                    raise
+            time.sleep(0.05)
+    raise TimeoutError(f"{topic} not served through {address} within {WAIT}s")
+
+
+def group_of(count: int, config: Path, servers: str, base: Path) -> list[WorkerProcess]:
+    group = f"bench-scaling-{uuid.uuid4().hex[:8]}"
+    return [WorkerProcess(f"w{i}", config, servers, group, base) for i in range(count)]
+
+
+def apply_rate(servers: str, topic: str, records: int, workers: int, base: Path) -> float:
+    config = write_config(base / "worker.yaml", topic, PARTITIONS, 6.0)
+    group = group_of(workers, config, servers, base)
+    try:
+        started = time.monotonic()
+        for worker in group:
+            worker.start()
+        address = group[0].wait_ready(WAIT)
+        return records / (served(address, topic) - started)
+    finally:
+        for worker in group:
+            worker.stop()
+
+
+def failover(servers: str, topic: str, session_timeout: float, base: Path) -> float:
+    """Prints the seconds until served through the other gateway after a kill; returns
+    those until served again after a kill and an immediate restart."""
+    config = write_config(base / "worker.yaml", topic, PARTITIONS, session_timeout)
+    group = group_of(2, config, servers, base)
+    try:
+        for worker in group:
+            worker.start()
+        addresses = [worker.wait_ready(WAIT) for worker in group]
+        served(addresses[1], topic)
+        killed = time.monotonic()
+        group[0].kill()
+        moved = served(addresses[1], topic) - killed
+        print(
+            f"failover, SessionTimeout {session_timeout:g}s: served by the other worker "
+            f"{moved:.1f}s after the kill",
+            flush=True,
+        )
+        served(addresses[1], topic)
+        group[0].start()  # back alone: it takes partitions of w1's now
+        group[0].wait_ready(WAIT)
+        served(group[0].address, topic)  # type: ignore[arg-type]
+        killed = time.monotonic()
+        group[0].kill()
+        group[0].start()
+        back = served(group[0].wait_ready(WAIT), topic) - killed
+        return back
+    finally:
+        for worker in group:
+            worker.stop()
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench scaling")
+    parser.add_argument("--per-partition", type=int, default=100_000)
+    parser.add_argument("--session-timeout", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    servers = bootstrap()
+    records = args.per_partition * PARTITIONS
+    topic = new_topic(servers, "scaling", PARTITIONS, key=("/id",))
+    fill(servers, topic, records)
+    print(f"{topic}: {records:,} records, {args.per_partition:,} keys per partition")
+    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
+        (Path(tmp) / "failover").mkdir()
+        back = failover(servers, topic, args.session_timeout, Path(tmp) / "failover")
+        print(f"kill and restart (static membership): served again {back:.1f}s after the kill")
+        rates = {}
+        for workers in (1, 2, 4):
+            base = Path(tmp) / f"apply{workers}"
+            base.mkdir(parents=True)
+            rates[workers] = apply_rate(servers, topic, records, workers, base)
+            print(
+                f"apply with {workers} worker(s): {rates[workers]:,.0f} records/s "
+                f"(x{rates[workers] / rates[1]:.2f} of one worker), launch to served"
+            )
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

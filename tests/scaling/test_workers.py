@@ -1,0 +1,223 @@
+"""Three workers, one service (issue 15): any gateway answers for the whole topic, and
+a worker's death costs a retryable error, never a partial answer.
+
+Three `amps-kafka worker` processes share a 4-partition SOW topic. While a publisher
+updates every key again and again, one thread queries through every live gateway and
+one follows a sow_and_subscribe through the worker that is never killed. Two workers
+are SIGKILLed in turn, then the first restarted on its state directory (static
+membership). Every answer must be complete (all keys: the keys exist before the storm
+and are never deleted) or refused with a reason starting "retry:". At the end the SOW
+through every gateway, and the fold of the subscription's stream, equal the fold of
+the log; a sow_delete through one gateway counts every worker's deletions. Takes
+about 30-50 s: the session timeout (6 s, what any broker allows) runs twice; that is
+what is tested.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+
+import orjson
+import pytest
+from confluent_kafka import TopicPartition
+
+from amps_on_kafka.client import Client
+from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.log.kafka import end_offsets, reader
+from tests.scaling.workers import WorkerProcess, write_config
+
+KEYS = 120
+PARTITIONS = 4
+SESSION_TIMEOUT = 6.0
+DEADLINE = 60.0  # seconds for the group to settle after a kill
+
+
+def sow_of(address: str, topic: str) -> dict[int, int]:
+    with Client(f"q-{uuid.uuid4().hex[:8]}") as client:
+        client.connect(address)
+        client.logon(10)
+        return {m.data["id"]: m.data["v"] for m in client.sow(topic, timeout=30)}
+
+
+def settled(address: str, topic: str, wanted: dict[int, int] | None = None) -> dict[int, int]:
+    """The SOW through `address` once it answers in full (and equals `wanted`)."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        try:
+            answer = sow_of(address, topic)
+            if len(answer) == KEYS and (wanted is None or answer == wanted):
+                return answer
+        except AmpsError as exc:
+            if not exc.reason.startswith("retry:"):
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{address} did not settle within {DEADLINE}s")
+        time.sleep(0.2)
+
+
+def fold_of_log(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each key's last value in the log (a key lives in one partition: log order)."""
+    ends = end_offsets(bootstrap, topic)
+    consumer = reader(bootstrap)
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    folded, left = {}, sum(ends.values())
+    try:
+        while left:
+            for record in consumer.consume(1000, timeout=1.0):
+                if not record.error():
+                    data = orjson.loads(record.value())
+                    folded[data["id"]] = data["v"]
+                    left -= 1
+    finally:
+        consumer.close()
+    return folded
+
+
+class Storm:
+    """Publishes rounds of every key (v = round) until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap, self.topic = bootstrap, topic
+        self.stop = threading.Event()
+        self.rounds = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with Client("storm") as client:
+            client.connect(f"kafka://{self.bootstrap}")
+            client.logon()
+            while not self.stop.is_set():
+                self.rounds += 1
+                for key in range(KEYS):
+                    client.publish(self.topic, {"id": key, "v": self.rounds})
+                client.publish_flush(30)
+
+
+class Queries:
+    """Queries every live gateway in turn; counts complete, retryable and other answers."""
+
+    def __init__(self, workers: list[WorkerProcess], topic: str) -> None:
+        self.workers, self.topic = workers, topic
+        self.stop = threading.Event()
+        self.outcomes: Counter[str] = Counter()
+        self.wrong: list[str] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for worker in [w for w in self.workers if w.alive and w.address]:
+                try:
+                    answer = sow_of(worker.address, self.topic)  # type: ignore[arg-type]
+                except AmpsError as exc:
+                    if exc.reason.startswith("retry:"):
+                        self.outcomes["retry"] += 1
+                    elif worker.alive:  # a gateway killed under the query is not an answer
+                        self.wrong.append(exc.reason)
+                    continue
+                if sorted(answer) == list(range(KEYS)):
+                    self.outcomes["complete"] += 1
+                else:
+                    self.wrong.append(f"{len(answer)} of {KEYS} keys from {worker.name}")
+
+
+class Follower:
+    """sow_and_subscribe through one gateway, folded; subscribes again after a retry."""
+
+    def __init__(self, address: str, topic: str) -> None:
+        self.address, self.topic = address, topic
+        self.stop = threading.Event()
+        self.folded: dict[int, int] = {}
+        self.retries = 0
+        self.wrong: list[str] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with Client(f"follower-{uuid.uuid4().hex[:6]}") as client:
+            client.connect(self.address)
+            client.logon(10)
+            while not self.stop.is_set():
+                try:
+                    self._follow(client)
+                except AmpsError as exc:
+                    if not exc.reason.startswith("retry:"):
+                        self.wrong.append(exc.reason)
+                        return
+                    self.retries += 1
+                    time.sleep(0.2)
+
+    def _follow(self, client: Client) -> None:
+        folded: dict[int, int] = {}
+        self.folded = folded  # a new subscription starts from its own snapshot
+        with client.sow_and_subscribe(self.topic) as stream:
+            while not self.stop.is_set():
+                message = stream.next(timeout=0.5)
+                if message is not None and message.command in ("sow", "publish"):
+                    folded[message.data["id"]] = message.data["v"]
+
+
+@pytest.mark.timeout(240)
+def test_three_workers_answer_for_the_whole_topic_through_kills(bootstrap, topic_factory, tmp_path):
+    topic = topic_factory(PARTITIONS, key=("/id",))
+    config = write_config(tmp_path / "worker.yaml", topic, PARTITIONS, SESSION_TIMEOUT)
+    group = f"scaling-{uuid.uuid4().hex[:8]}"
+    workers = [WorkerProcess(f"w{i}", config, bootstrap, group, tmp_path) for i in range(3)]
+    storm = Storm(bootstrap, topic)
+    queries = Queries(workers, topic)
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.wait_ready()
+        with Client("seed") as client:
+            client.connect(f"kafka://{bootstrap}")
+            client.logon()
+            for key in range(KEYS):
+                client.publish(topic, {"id": key, "v": 0})
+            client.publish_flush(30)
+        for worker in workers:
+            settled(worker.address, topic)  # type: ignore[arg-type]
+        survivor = workers[2]
+        follower = Follower(survivor.address, topic)  # type: ignore[arg-type]
+        for thread in (storm, queries, follower):
+            thread.thread.start()
+
+        rounds = storm.rounds
+        for victim in workers[:2]:
+            while storm.rounds < rounds + 2:  # some storm before each kill
+                time.sleep(0.1)
+            victim.kill()
+            settled(survivor.address, topic)  # type: ignore[arg-type]
+            rounds = storm.rounds
+        workers[0].start().wait_ready()  # static membership: back on its state
+        storm.stop.set()
+        storm.thread.join(60)
+
+        expected = fold_of_log(bootstrap, topic)
+        assert sorted(expected) == list(range(KEYS))
+        for worker in (workers[0], survivor):
+            assert settled(worker.address, topic, expected) == expected  # type: ignore[arg-type]
+        deadline = time.monotonic() + DEADLINE
+        while follower.folded != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        follower.stop.set()
+        queries.stop.set()
+        follower.thread.join(30)
+        queries.thread.join(60)
+        assert (follower.wrong, Counter(queries.wrong)) == ([], Counter())
+        assert follower.folded == expected
+        assert queries.outcomes["complete"] > 0
+
+        with Client("deleter") as client:  # counted over every worker's partitions
+            client.connect(workers[0].address)  # type: ignore[arg-type]
+            client.logon(10)
+            reply = client.sow_delete(topic, "/id >= 0", timeout=60)
+        assert reply.meta["matches"] == KEYS  # type: ignore[union-attr]
+        assert sow_of(survivor.address, topic) == {}  # type: ignore[arg-type]
+    finally:
+        storm.stop.set()
+        queries.stop.set()
+        for worker in workers:
+            worker.stop()
