@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 from amps_on_kafka.cli import main
 from amps_on_kafka.cli.logs import formatter
 from amps_on_kafka.config import Config
-from amps_on_kafka.processor.summary import Summary
+from amps_on_kafka.processor.summary import GatewayCounts, Summary
 from amps_on_kafka.processor.worker import Worker
 from tests.cli.test_failures import Running, write_config
 
@@ -90,7 +90,9 @@ def test_the_worker_logs_each_anomaly_once_with_its_context_and_a_summary(
     worker, bootstrap, caplog
 ):
     topic = worker.config.topics[0].name
-    summary = Summary(worker, sessions=lambda: 3, every=3600)
+    gateway = [GatewayCounts(sessions=3, slow_consumers=5, refused=1)]
+    summary = Summary(worker, gateway=lambda: gateway[0], every=3600)
+    gateway[0] = GatewayCounts(sessions=3, slow_consumers=7, refused=1)
     producer = Producer({"bootstrap.servers": bootstrap})
     for value in (b'{"id": 1}', b"not json", b'{"id": 2}'):
         producer.produce(topic, value, key=b"k", partition=0)
@@ -105,11 +107,10 @@ def test_the_worker_logs_each_anomaly_once_with_its_context_and_a_summary(
     assert skipped.reason == "bad_record" and skipped.dead_letter_topic is None
     assert f"skipped record {topic}|0|1|" in skipped.getMessage()
 
-    summary.tick()  # not due: nothing
-    assert not _events(caplog, "summary")
     summary.log_now()
     (line,) = _events(caplog, "summary")
     assert (line.applied, line.skipped, line.sessions) == (3, 1, 3)
+    assert (line.slow_consumers, line.refused_connections) == (2, 0)  # since the last line
     assert line.partitions == 1 and line.lag == 0 and line.kafka_down_seconds is None
     assert "applied 3 records" in line.getMessage() and "1 skipped" in line.getMessage()
 
@@ -124,23 +125,27 @@ def test_with_log_format_json_every_stderr_line_of_a_worker_is_json(
     bootstrap, topic_factory, tmp_path
 ):
     """A log shipper reading the worker's stderr meets nothing but JSON, the ready line
-    included (at --log-level warning too: scripts wait for it)."""
+    included; the summary line comes every Worker.SummaryEvery."""
     topic = topic_factory(partitions=1, key=("/id",))
     config = write_config(
-        tmp_path, f"Topics: [{{Name: {topic}}}]\nSOW: [{{Topic: {topic}, Key: /id}}]\n"
+        tmp_path,
+        f"Topics: [{{Name: {topic}}}]\nSOW: [{{Topic: {topic}, Key: /id}}]\n"
+        "Worker: {SummaryEvery: 0.2s}\n",
     )
     running = Running(
         "worker", "--config", config, "--state-dir", str(tmp_path / "state"),
-        "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "warning",
+        "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "info",
         bootstrap=bootstrap,
     )  # fmt: skip
     try:
         ready = orjson.loads(running.wait_for("worker ready: gateway="))
+        summary = orjson.loads(running.wait_for('"event": "summary"'))
         code, stderr = running.interrupt(signal.SIGTERM)
     finally:
         running.kill()
     assert code == 0
     assert ready["event"] == "ready" and ready["gateway"].startswith("tcp://127.0.0.1:")
     assert ready["level"] == "INFO" and ready["logger"] == "amps_on_kafka.cli"
+    assert (summary["sessions"], summary["partitions"], summary["lag"]) == (0, 1, 0)
     for line in stderr.splitlines():
         assert {"time", "level", "logger", "message"} <= set(orjson.loads(line)), line
