@@ -1,0 +1,179 @@
+"""Everything that talks to Kafka, against a broker that only speaks SASL_SSL (SCRAM-SHA-512
+with a certificate from a local CA): the tour's commands, a worker, a Spark job, the client
+API; wrong credentials and an untrusted CA as one clear line; no password in any output.
+
+All in one module so the run (one process per module under xdist) starts one broker.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from amps_on_kafka.broker.certs import make_ca, write_pem
+from amps_on_kafka.cli import main
+from amps_on_kafka.client import Client
+from amps_on_kafka.errors import TransportError
+
+PASSWORD_ENV = "AMPS_TEST_KAFKA_PASSWORD"
+WORKER_READY = 90.0  # seconds: a worker process on a busy 2-core machine
+CLEAR_ERROR = 15.0  # seconds: a refused login must not take librdkafka's retries
+
+
+def cli(*args: str, stdin: str | None = None):
+    return CliRunner().invoke(main, list(args), input=stdin)
+
+
+def test_the_tour_commands_work_over_sasl_ssl(secured_kafka):
+    """`broker start --secure` printed what a client needs, password redacted; with
+    --kafka-config the tour's commands create, publish, list and replay. The file's
+    bootstrap.servers wins over $KAFKA_BOOTSTRAP_SERVERS (the plain test broker)."""
+    assert "sasl.password=[redacted]" in secured_kafka.start_output
+    assert str(secured_kafka.properties_file) in secured_kafka.start_output
+    assert secured_kafka.password not in secured_kafka.start_output
+    config = ("--kafka-config", str(secured_kafka.properties_file))
+    topic = f"secured-tour-{uuid.uuid4().hex[:8]}"
+    created = cli("topics", "create", topic, "--partitions", "2", "--key", "/id", *config)
+    assert created.exit_code == 0, created.output
+    docs = "\n".join(orjson.dumps({"id": i, "qty": i * 10}).decode() for i in range(5))
+    published = cli("publish", topic, *config, stdin=docs)
+    assert published.exit_code == 0, published.output
+    listed = cli("topics", "list", *config)
+    assert topic in listed.stdout
+    replayed = cli("replay", topic, *config)
+    assert replayed.exit_code == 0, replayed.output
+    ids = sorted(orjson.loads(line)["data"]["id"] for line in replayed.stdout.splitlines())
+    assert ids == list(range(5))
+
+
+def test_a_worker_and_the_client_api_over_sasl_ssl(secured_kafka, tmp_path, monkeypatch):
+    """The config's Kafka Properties (password from the environment) reach the worker's
+    every client; the client API publishes with kafka_config; the SOW is served. The
+    worker logs at DEBUG with librdkafka's security debugging on: no password in it."""
+    monkeypatch.setenv(PASSWORD_ENV, secured_kafka.password)
+    topic = f"secured-sow-{uuid.uuid4().hex[:8]}"
+    config_file = _worker_config(secured_kafka, topic, tmp_path)
+    created = cli("topics", "create", "--config", str(config_file))
+    assert created.exit_code == 0, created.output
+    with Client("secured-publisher") as client:
+        client.connect(
+            f"kafka://{secured_kafka.bootstrap}", kafka_config=_by_reference(secured_kafka)
+        )
+        for i in range(3):
+            client.publish(topic, {"id": i, "qty": i})
+        client.publish_flush(30)
+    ready_file, log_file = tmp_path / "ready.json", tmp_path / "worker.log"
+    command = [sys.executable, "-m", "amps_on_kafka.cli", "worker", "--config", str(config_file)]
+    options = ["--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0"]
+    with log_file.open("wb") as log_out:
+        worker = subprocess.Popen(
+            [*command, *options, "--ready-file", str(ready_file), "--log-level", "DEBUG"],
+            stderr=log_out,
+        )
+    try:
+        gateway = _await_ready(worker, ready_file)
+        rows = _await_sow(gateway, topic, expected=3)
+        assert sorted(row["id"] for row in rows) == [0, 1, 2]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    log = log_file.read_text(errors="replace")
+    assert "SASL" in log  # librdkafka's security debugging did reach the log
+    assert secured_kafka.password not in log
+
+
+def test_a_spark_export_reads_over_sasl_ssl(secured_kafka, tmp_path):
+    """The Spark tasks get the properties as kafka.* options and read every record."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    config = ("--kafka-config", str(secured_kafka.properties_file))
+    topic = f"secured-spark-{uuid.uuid4().hex[:8]}"
+    assert cli("topics", "create", topic, *config).exit_code == 0
+    docs = "\n".join(orjson.dumps({"id": i}).decode() for i in range(4))
+    assert cli("publish", topic, *config, stdin=docs).exit_code == 0
+    out = tmp_path / "export"
+    exported = cli("spark", "export", topic, "--out", str(out), "--master", "local[1]", *config)
+    assert exported.exit_code == 0, exported.output
+    assert pq.read_table(out).num_rows == 4
+    assert secured_kafka.password not in exported.output
+
+
+@pytest.mark.parametrize("wrong", ["password", "ca"])
+def test_wrong_credentials_or_an_untrusted_ca_are_one_clear_line(secured_kafka, tmp_path, wrong):
+    """Refused at once (not after librdkafka's retries), named, without the password."""
+    text = secured_kafka.properties_file.read_text()
+    if wrong == "password":
+        text = text.replace(secured_kafka.password, f"not-{secured_kafka.password}")
+        expected = ["refused the credentials", "SASL authentication error"]
+    else:
+        other = make_ca("some other CA")
+        write_pem(other, tmp_path / "other-ca.pem")
+        ca = secured_kafka.bootstrap.properties["ssl.ca.location"]
+        text = text.replace(ca, str(tmp_path / "other-ca.pem"))
+        expected = ["failed the TLS handshake", "certificate verify failed"]
+    bad = tmp_path / "bad.properties"
+    bad.write_text(text)
+    started = time.monotonic()
+    result = cli("topics", "list", "--kafka-config", str(bad))
+    seconds = time.monotonic() - started
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"Error: Kafka at {secured_kafka.bootstrap} ")
+    assert all(part in line for part in expected), line
+    assert secured_kafka.password not in result.output
+    assert seconds < CLEAR_ERROR
+    with Client("refused") as client:
+        client.connect(f"kafka://{secured_kafka.bootstrap}", kafka_config=bad)
+        with pytest.raises(TransportError, match=expected[0]):
+            client.logon(timeout=CLEAR_ERROR)
+
+
+def _by_reference(secured) -> dict[str, str]:
+    """The client properties with the password as a reference to the environment."""
+    return {**secured.bootstrap.properties, "sasl.password": f"${{env:{PASSWORD_ENV}}}"}
+
+
+def _worker_config(secured, topic: str, tmp_path: Path) -> Path:
+    properties = secured.bootstrap.properties
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "Kafka:\n"
+        f"  BootstrapServers: {secured.bootstrap}\n"
+        "  Properties:\n"
+        "    security.protocol: SASL_SSL\n"
+        "    sasl.mechanisms: SCRAM-SHA-512\n"
+        f"    sasl.username: {properties['sasl.username']}\n"
+        f"    sasl.password: ${{env:{PASSWORD_ENV}}}\n"
+        f"    ssl.ca.location: {properties['ssl.ca.location']}\n"
+        "    debug: security\n"
+        f"Topics:\n  - Name: {topic}\n    Partitions: 2\n"
+        f"SOW:\n  - Topic: {topic}\n    Key: /id\n"
+        "Authentication:\n  Anonymous: true\n"
+    )
+    return path
+
+
+def _await_ready(worker: subprocess.Popen, ready_file: Path) -> str:
+    deadline = time.monotonic() + WORKER_READY
+    while not ready_file.exists():
+        assert worker.poll() is None, "the worker exited before it was ready"
+        assert time.monotonic() < deadline, "the worker was not ready in time"
+        time.sleep(0.2)
+    return orjson.loads(ready_file.read_bytes())["gateway"]
+
+
+def _await_sow(gateway: str, topic: str, expected: int) -> list[dict]:
+    deadline = time.monotonic() + WORKER_READY
+    while True:
+        result = cli("sow", topic, "--server", gateway)
+        rows = [orjson.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        if len(rows) >= expected or time.monotonic() > deadline:
+            return [row.get("data", row) for row in rows]
+        time.sleep(0.3)
