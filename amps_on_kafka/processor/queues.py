@@ -71,7 +71,14 @@ from amps_on_kafka.log.kafka import (
 )
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.collections import collections_paused
-from amps_on_kafka.state.queue import (
+from amps_on_kafka.state.queue import QueueState
+from amps_on_kafka.state.queue_store import (
+    QueueStore,
+    decode_events,
+    encode_events,
+    queue_store_path,
+)
+from amps_on_kafka.state.queue_types import (
     TP,
     AckResult,
     Delivery,
@@ -80,16 +87,9 @@ from amps_on_kafka.state.queue import (
     Outbox,
     QueueEntry,
     QueuePolicy,
-    QueueState,
     RecoveryPoint,
     Subscription,
     effective_backlog,
-)
-from amps_on_kafka.state.queue_store import (
-    QueueStore,
-    decode_events,
-    encode_events,
-    queue_store_path,
 )
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from amps_on_kafka.server.requests import (
 )
 from amps_on_kafka.server.subscriptions import subscribe as log_subscribe
 from amps_on_kafka.server.subscriptions import subscription_id
-from amps_on_kafka.state.queue import AckResult
+from amps_on_kafka.state.queue_types import AckResult
 from amps_on_kafka.state.record import SowRecord
 
 if TYPE_CHECKING:

@@ -20,313 +20,30 @@ import heapq
 import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
 from typing import Any
 
-from amps_on_kafka.config import QueueConfig
-from amps_on_kafka.errors import MessageError
-from amps_on_kafka.expr import compile_expression, compile_filter
-from amps_on_kafka.log.bookmarks import format_bookmark
-from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.state.queue_types import (
+    IN_QUEUE,
+    TP,
+    AckResult,
+    Delivery,
+    Early,
+    EventKind,
+    MessageId,
+    Outbox,
+    QueueEntry,
+    QueueEvent,
+    QueuePolicy,
+    Reason,
+    RecoveryPoint,
+    Status,
+    Subscription,
+    evaluate,
+)
+from amps_on_kafka.state.ready_queue import ReadyQueue, pop_first
 
-MessageId = tuple[str, int, int]  # Kafka topic, partition, offset: the message's bookmark
-TP = tuple[str, int]
 Clock = Callable[[], int]  # milliseconds
-NAN_RANK = -1  # a Priority that is NULL or not an unsigned 64-bit number sorts lowest
-MAX_PRIORITY = 2**64 - 1
 COMPACT_SLACK = 1024  # removed messages left in the delivery structures before a sweep
-
-
-class Status(IntEnum):
-    WAITING = 0  # in the queue beyond TargetQueueDepth: not deliverable, not visible
-    HELD = 1  # behind a barrier message (or the barrier itself), waiting for it
-    AVAILABLE = 2
-    LEASED = 3
-    TAKEN = 4  # at-most-once: delivered and out of the queue, still in the backlog
-    REMOVED = 5
-
-
-IN_QUEUE = (Status.HELD, Status.AVAILABLE, Status.LEASED)  # the active, visible part
-
-
-class Reason(StrEnum):
-    """Why a message left the queue, as recorded in the events log."""
-
-    ACK = "ack"
-    EXPIRE = "expire"
-    TAKEN = "taken"  # at-most-once delivery
-    BARRIER = "barrier"  # a barrier message, removed once delivered
-
-
-class EventKind(StrEnum):
-    DELIVER = "deliver"
-    CANCEL = "cancel"
-    REMOVE = "remove"
-
-
-@dataclass(frozen=True, slots=True)
-class QueueEvent:
-    """One change of durable queue state. Counts are absolute, so replay is idempotent."""
-
-    kind: EventKind
-    id: MessageId
-    deliveries: int = 0
-    cancels: int = 0
-    reason: Reason | None = None
-
-
-@dataclass(frozen=True)
-class QueuePolicy:
-    """A queue's configuration, in the units the state machine works in."""
-
-    name: str
-    at_most_once: bool = False
-    lease_ms: int = 60_000
-    expiration_ms: int | None = None
-    max_backlog: int = 1000
-    fairness: str = "proportional"
-    max_cancels: int | None = None
-    max_deliveries: int | None = None
-    permissive: bool = False
-    priority: Callable[[Any], Any] | None = None
-    barrier: Callable[[Any], bool] | None = None
-    target_depth: int | None = None
-
-    @classmethod
-    def from_config(cls, queue: QueueConfig) -> QueuePolicy:
-        return cls(
-            name=queue.name,
-            at_most_once=queue.semantics == "at-most-once",
-            lease_ms=round(queue.lease_period * 1000),
-            expiration_ms=None if queue.expiration is None else round(queue.expiration * 1000),
-            max_backlog=queue.max_per_subscription_backlog,
-            fairness=queue.fairness,
-            max_cancels=queue.max_cancels,
-            max_deliveries=queue.max_deliveries,
-            permissive=queue.leasing == "permissive",
-            priority=compile_expression(queue.priority).evaluate if queue.priority else None,
-            barrier=compile_filter(queue.barrier_expression).matches
-            if queue.barrier_expression
-            else None,
-            target_depth=queue.target_queue_depth,
-        )
-
-    @property
-    def records_deliveries(self) -> bool:
-        """Whether each delivery is an event a restart must know: at-most-once (the
-        message leaves the queue) or MaxDeliveries (the count)."""
-        return self.at_most_once or self.max_deliveries is not None
-
-    def rank(self, data: Any) -> int:
-        """Priority as AMPS reads it: an unsigned 64-bit integer; anything else is lowest."""
-        if self.priority is None:
-            return 0
-        value = _evaluate(self.priority, data)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return NAN_RANK
-        if value != value or not 0 <= value <= MAX_PRIORITY:  # NaN or out of range
-            return NAN_RANK
-        return int(value)
-
-    def is_barrier(self, data: Any) -> bool:
-        return self.barrier is not None and bool(_evaluate(self.barrier, data))
-
-    def deadline(self, timestamp: int, expiration: float | None) -> int | None:
-        """When a message leaves the queue unread: its own expiration, else the queue's.
-
-        A message expiration of 0 means never, as on SOW topics.
-        """
-        if expiration is not None:
-            return None if expiration == 0 else timestamp + round(expiration * 1000)
-        return None if self.expiration_ms is None else timestamp + self.expiration_ms
-
-
-def _evaluate(function: Callable[[Any], Any], data: Any) -> Any:
-    try:
-        return function(data)
-    except MessageError:  # a payload that doesn't decode has no fields
-        return None
-
-
-def effective_backlog(requested: int | None, policies: Iterable[QueuePolicy]) -> int:
-    """Seed 002: the minimum of the subscription's max_backlog (default 1) and the smallest
-    MaxPerSubscriptionBacklog of the queues it matches."""
-    limits = [p.max_backlog for p in policies]
-    wanted = 1 if requested is None else requested
-    return min([wanted, *limits])
-
-
-@dataclass(eq=False, slots=True)
-class Subscription:
-    """A queue subscriber. One object is shared by every queue its topic pattern matches,
-    so its backlog is counted across all of them. `deliver` is for the caller; the state
-    machine never calls it."""
-
-    sub_id: str
-    session: Hashable
-    filter: Callable[[Any], bool] | None = None
-    max_backlog: int = 1
-    outstanding: int = 0
-    deliver: Callable[..., None] | None = None
-
-    def wants(self, entry: QueueEntry) -> bool:
-        return self.filter is None or bool(_evaluate(self.filter, entry.data))
-
-    @property
-    def has_room(self) -> bool:
-        return self.outstanding < self.max_backlog
-
-
-@dataclass(eq=False, slots=True)
-class QueueEntry:
-    """A message in a queue: where it is in the log, its state, and its payload."""
-
-    id: MessageId
-    timestamp: int  # ms, the record's LogAppendTime: when it entered the queue
-    payload: bytes
-    codec: Codec | None = None
-    headers: list[tuple[str, bytes]] | None = None
-    expiration: float | None = None  # the message's own expiration header, seconds
-    seq: int = -1  # arrival order in this queue
-    deadline: int | None = None
-    rank: int = 0
-    barrier: bool = False
-    deliveries: int = 0
-    cancels: int = 0
-    ev_pos: int = 0  # no event about this message can be earlier in the events log
-    stored: bool = False  # written to the state store (a message never stored needs no delete)
-    status: Status = Status.WAITING
-    holder: Subscription | None = None
-    lease_until: int = 0
-    _data: Any = None
-
-    @property
-    def bookmark(self) -> str:
-        return format_bookmark(*self.id)
-
-    @property
-    def data(self) -> Any:
-        if self._data is None and self.codec is not None:
-            self._data = self.codec.decode(self.payload)
-        return self._data
-
-
-@dataclass(slots=True)
-class Delivery:
-    """A message to send: leased until `lease_until` (ms), or a barrier (no lease)."""
-
-    subscription: Subscription
-    entry: QueueEntry
-    lease_until: int | None
-
-
-@dataclass(slots=True)
-class Early:
-    """What the events log says about a message the queue has not read (or activated) yet."""
-
-    ev_pos: int
-    removed: bool = False
-    deliveries: int = 0
-    cancels: int = 0
-
-
-@dataclass
-class Outbox:
-    """What the caller must do after a state change."""
-
-    deliveries: list[Delivery] = field(default_factory=list)
-    events: list[QueueEvent] = field(default_factory=list)
-    dead_letters: list[QueueEntry] = field(default_factory=list)
-
-    def take(self) -> Outbox:
-        taken = Outbox(self.deliveries, self.events, self.dead_letters)
-        self.deliveries, self.events, self.dead_letters = [], [], []
-        return taken
-
-    def __bool__(self) -> bool:
-        return bool(self.deliveries or self.events or self.dead_letters)
-
-
-@dataclass(frozen=True)
-class AckResult:
-    """How many bookmarks an ack removed, and which it refused (Leasing strict)."""
-
-    acked: int = 0
-    refused: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class RecoveryPoint:
-    """Seed 002's recovery point: in each partition, the earliest offset not yet removed
-    (everything before it is acknowledged or expired), and the earliest events-log
-    offset that can still say anything about those messages."""
-
-    offsets: dict[TP, int]
-    events: int
-
-
-class ReadyQueue:
-    """The messages available for delivery, in delivery order: highest rank, then oldest.
-
-    Messages mostly become available in that order (they arrive oldest first, and
-    without Priority every rank is 0), so those wait in a deque at O(1) a message; only
-    the ones out of order (a lease that ended, a cancel, a higher priority) go through
-    a heap. `pop` takes the first of the two. A message that leaves the queue while it
-    waits here stays until popped or `compact`ed: the caller skips it.
-    """
-
-    __slots__ = ("_in_order", "_others")
-
-    def __init__(self) -> None:
-        self._in_order: deque[QueueEntry] = deque()
-        self._others: list[tuple[int, int, QueueEntry]] = []  # heap of (-rank, seq, entry)
-
-    def __bool__(self) -> bool:
-        return bool(self._in_order or self._others)
-
-    def __len__(self) -> int:
-        return len(self._in_order) + len(self._others)
-
-    def push(self, entry: QueueEntry) -> None:
-        in_order = self._in_order
-        if not in_order or _order(in_order[-1]) < _order(entry):
-            in_order.append(entry)
-        else:
-            heapq.heappush(self._others, (-entry.rank, entry.seq, entry))
-
-    def head(self) -> tuple[int, int]:
-        """The delivery order of the message `pop` would return (the queue is not empty)."""
-        return self._others[0][:2] if self._others_first() else _order(self._in_order[0])
-
-    def pop(self) -> QueueEntry:
-        return heapq.heappop(self._others)[2] if self._others_first() else self._in_order.popleft()
-
-    def _others_first(self) -> bool:
-        in_order, others = self._in_order, self._others
-        return bool(others) and (not in_order or others[0][:2] < _order(in_order[0]))
-
-    def drain_into(self, other: ReadyQueue) -> None:
-        while self:
-            other.push(self.pop())
-
-    def compact(self) -> None:
-        """Drop the messages that are no longer available."""
-        self._in_order = deque(e for e in self._in_order if e.status is Status.AVAILABLE)
-        self._others = [item for item in self._others if item[2].status is Status.AVAILABLE]
-        heapq.heapify(self._others)
-
-
-def _order(entry: QueueEntry) -> tuple[int, int]:
-    return (-entry.rank, entry.seq)
-
-
-def _pop_first(sources: list[ReadyQueue]) -> QueueEntry | None:
-    """The first message in delivery order among `sources`; None when all are empty."""
-    if len(sources) == 1:
-        return sources[0].pop() if sources[0] else None
-    first = min((s for s in sources if s), key=ReadyQueue.head, default=None)
-    return None if first is None else first.pop()
 
 
 class QueueState:
@@ -559,7 +276,7 @@ class QueueState:
         open_subs = [s for s in self.subscriptions if s.has_room]
         sources = self._sources(open_subs)
         while open_subs:
-            entry = _pop_first(sources)
+            entry = pop_first(sources)
             if entry is None:
                 return
             if entry.status is not Status.AVAILABLE:
@@ -744,7 +461,7 @@ class QueueState:
             for entry in self.entries.values()
             if entry.status in IN_QUEUE
             and (entry.status is not Status.LEASED or self._may_act(entry, session))
-            and _evaluate(matches, entry.data)
+            and evaluate(matches, entry.data)
         ]
         removed = 0
         for entry in victims:
@@ -889,7 +606,7 @@ class QueueState:
         found = [
             e
             for e in self.entries.values()
-            if e.status in IN_QUEUE and (matches is None or _evaluate(matches, e.data))
+            if e.status in IN_QUEUE and (matches is None or evaluate(matches, e.data))
         ]
         found.sort(key=lambda e: (-e.rank, e.seq))
         return found

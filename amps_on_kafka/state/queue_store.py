@@ -23,7 +23,7 @@ import orjson
 from rocksdict import Options, Rdict, WriteBatch
 
 from amps_on_kafka.log.codecs import Codec
-from amps_on_kafka.state.queue import (
+from amps_on_kafka.state.queue_types import (
     TP,
     Early,
     EventKind,

@@ -20,7 +20,7 @@ from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor import queues
 from amps_on_kafka.processor.queues import GROUP_PREFIX, QueueEngine, events_topic
-from amps_on_kafka.state.queue import EventKind
+from amps_on_kafka.state.queue_types import EventKind
 from tests.conftest import create_topic, delete_topics
 from tests.queues.conftest import Inbox
 from tests.queues.helpers import event_records, eventually

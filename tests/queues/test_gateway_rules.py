@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.replay import Replay
-from amps_on_kafka.state.queue import Status
+from amps_on_kafka.state.queue_types import Status
 from tests.queues.helpers import eventually, take
 
 

@@ -4,7 +4,12 @@ TargetQueueDepth; and the events log: replaying it, and the recovery point."""
 from __future__ import annotations
 
 from amps_on_kafka.expr import compile_filter
-from amps_on_kafka.state.queue import EventKind, QueueEvent, Reason, Status
+from amps_on_kafka.state.queue_types import (
+    EventKind,
+    QueueEvent,
+    Reason,
+    Status,
+)
 from tests.queues.helpers import (
     FakeClock,
     events_of,

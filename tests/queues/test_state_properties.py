@@ -24,17 +24,17 @@ from hypothesis.stateful import (
 )
 
 from amps_on_kafka.expr import compile_filter
-from amps_on_kafka.state.queue import (
+from amps_on_kafka.state.queue import QueueState
+from amps_on_kafka.state.queue_types import (
     EventKind,
     MessageId,
     QueueEntry,
     QueueEvent,
     QueuePolicy,
-    QueueState,
-    ReadyQueue,
     Status,
     Subscription,
 )
+from amps_on_kafka.state.ready_queue import ReadyQueue
 from tests.queues.helpers import FakeClock, message
 
 SESSIONS = ["s0", "s1", "s2"]

@@ -49,8 +49,8 @@ from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.log.topics import repartition_topic
 from amps_on_kafka.processor.queues import events_topic
 from amps_on_kafka.processor.worker import Worker
-from amps_on_kafka.state.queue import QueueEntry
 from amps_on_kafka.state.queue_store import decode_entry, encode_entry
+from amps_on_kafka.state.queue_types import QueueEntry
 from amps_on_kafka.state.sow import Applied, DictState
 from tests.conftest import delete_topics
 from tests.sow.conftest import wait_caught_up
