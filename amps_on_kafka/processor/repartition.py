@@ -18,6 +18,11 @@ CreateTime, so an expiration is computed from the source's LogAppendTime) and ad
 record's source bookmark in header `sb`. What can't be routed (a record whose envelope
 or payload doesn't decode, or has no key) goes to partition 0 as it is: the worker
 refuses it there with its reason, and dead-letters it, as it would have in the source.
+A record too large to copy (its copy, with the added header, over the producer's
+message.max.bytes or the internal topic's max.message.bytes) could never be written: in
+its place goes a copy without its value whose command names why, to partition 0, which
+the worker refuses and dead-letters the same way (the letter's source bookmark leads to
+the record itself), instead of the copying being retried forever.
 """
 
 from __future__ import annotations
@@ -105,7 +110,17 @@ class Repartitioner:
         self.forwarded = 0  # source records handled (copied, or refused) and committed
         self._progress = threading.Condition()
         self.failures = 0  # transactions aborted and retried since start
-        self.refused = 0  # copies the producer refused for good (too large), skipped
+        self.refused = 0  # copies refused for good (too large): sent to be dead-lettered
+        # Source records (partition, offset) whose copy the broker refused as too large.
+        # It refuses a whole request, so those that shared it are only suspects: read
+        # again, each is copied in a request of its own; refused alone, it is too large
+        # (with the error), and in the next reading it is replaced (`_refuse`).
+        self._suspects: set[tuple[int, int]] = set()
+        self._too_large: dict[tuple[int, int], str] = {}
+        self._refusing: list[tuple[tuple[int, int], str]] = []  # in the open transaction
+        # Kafka refused a copy in the open transaction: its producer's sequence numbers
+        # are broken (OUT_OF_ORDER_SEQUENCE_NUMBER after the abort), so it is replaced.
+        self._producer_broken = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._routes: Routes | None = None  # once the internal topic's count is known
@@ -151,16 +166,22 @@ class Repartitioner:
 
     def _forward(self, consumer: Consumer, producer: Producer, records: list[Message]) -> None:
         producer.begin_transaction()
+        self._refusing.clear()
         if self._routes is None:
             self._routes = Routes(self.rules, len(partitions_of(consumer, self.target)))
         for record in records:
-            for partition, key, headers in self._routes.copies(record):
-                self._produce(producer, record, partition, key, headers)
+            self._copy(producer, record)
         positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
         producer.send_offsets_to_transaction(
             positions, consumer.consumer_group_metadata(), TRANSACTION_TIMEOUT
         )
         producer.commit_transaction(TRANSACTION_TIMEOUT)
+        for source, bookmark in self._refusing:  # committed: counted and said once
+            log.error(
+                "repartition %s: record %s %s", self.source, bookmark, self._too_large[source]
+            )
+            del self._too_large[source]
+            self.refused += 1
         with self._progress:
             self.forwarded += len(records)
             self._progress.notify_all()
@@ -174,6 +195,27 @@ class Repartitioner:
                     f"records in {timeout}s"
                 )
 
+    def _copy(self, producer: Producer, record: Message) -> None:
+        """Queue the copies of one record; one known too large is refused instead, and a
+        suspect goes alone (the transaction is then aborted at once if it was refused)."""
+        source = (record.partition(), record.offset())
+        if source in self._too_large:
+            self._refuse(producer, record)
+            return
+        alone = source in self._suspects
+        if alone:
+            producer.flush(TRANSACTION_TIMEOUT)  # the copies before it go without it
+        for partition, key, headers in self._routes.copies(record):
+            self._produce(producer, record, partition, key, headers, alone)
+        if alone:
+            producer.flush(TRANSACTION_TIMEOUT)
+            if source in self._too_large:
+                raise TransportError(
+                    f"record {record.offset()} of partition "
+                    f"{record.partition()} is too large to copy; copying again without it"
+                )
+            self._suspects.discard(source)
+
     def _produce(
         self,
         producer: Producer,
@@ -181,35 +223,57 @@ class Repartitioner:
         partition: int,
         key: bytes | None,
         headers: list[tuple[str, bytes]],
+        alone: bool,
     ) -> None:
-        """Queue one copy. A copy the producer refuses outright (larger than
-        message.max.bytes with its added header) would fail the same way on every retry:
-        it is skipped, counted in `refused` and logged with its source bookmark, as the
-        worker skips a record it can't apply, instead of holding the topic forever."""
-        while True:
-            try:
-                producer.produce(
-                    self.target,
-                    record.value(),
-                    key,
-                    partition=partition,
-                    headers=headers,
-                    timestamp=record.timestamp()[1],
-                )
+        """Queue one copy. A copy too large for Kafka would fail the same way on every
+        retry: one the producer refuses is replaced at once by a refusal to dead-letter
+        (`_refuse`); one the broker refuses, once it is refused `alone`."""
+        source = (record.partition(), record.offset())
+
+        def delivered(error: KafkaError | None, _message: Message) -> None:
+            if error is None or error.code() != KafkaError.MSG_SIZE_TOO_LARGE:
                 return
-            except BufferError:
-                producer.poll(0.05)  # the local queue is full: let deliveries drain
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
-                    raise
-                self.refused += 1
-                log.error(
-                    "repartition %s: skipped record %s: %s",
-                    self.source,
-                    dict(headers)[H_SOURCE_BOOKMARK].decode(),
-                    exc.args[0].str(),
-                )
-                return
+            self._producer_broken = True
+            if alone:
+                self._too_large[source] = _too_large(record, error.str())
+            else:
+                self._suspects.add(source)
+
+        try:
+            _produce(
+                producer,
+                self.target,
+                record.value(),
+                key,
+                partition=partition,
+                headers=headers,
+                timestamp=record.timestamp()[1],
+                on_delivery=delivered,
+            )
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                raise
+            self._too_large[source] = _too_large(record, exc.args[0].str())
+            self._refuse(producer, record)
+
+    def _refuse(self, producer: Producer, record: Message) -> None:
+        """In place of a copy Kafka will not take: one without the value, to partition 0,
+        whose command names why; the worker refuses it and dead-letters it with its
+        source bookmark. Counted in `refused` and logged once the transaction commits."""
+        source = (record.partition(), record.offset())
+        bookmark = format_bookmark(record.topic(), record.partition(), record.offset())
+        self._refusing.append((source, bookmark))
+        reason = self._too_large[source]
+        headers = [(H_COMMAND, reason.encode()), (H_SOURCE_BOOKMARK, bookmark.encode())]
+        _produce(
+            producer,
+            self.target,
+            None,
+            record.key(),
+            partition=0,
+            headers=headers,
+            timestamp=record.timestamp()[1],
+        )
 
     def _recover(
         self, consumer: Consumer, producer: Producer | None, exc: Exception
@@ -233,6 +297,10 @@ class Repartitioner:
             except KafkaException:
                 producer.close()  # fenced or fatal: the next one takes its place
                 producer = None
+        if producer is not None and self._producer_broken:
+            producer.close()  # its next transaction would fail: skipped sequence numbers
+            producer = None
+        self._producer_broken = False
         self._rewind_due = True
         self._stop.wait(RETRY_WAIT)
         return producer
@@ -279,6 +347,20 @@ class Repartitioner:
         )
         producer.init_transactions(TRANSACTION_TIMEOUT)
         return producer
+
+
+def _too_large(record: Message, error: str) -> str:
+    return f"too large to repartition ({len(record.value() or b''):,} bytes): {error}"
+
+
+def _produce(producer: Producer, topic: str, value: bytes | None, key: bytes | None, **kw) -> None:
+    """produce(), waiting while the local queue is full for deliveries to drain."""
+    while True:
+        try:
+            producer.produce(topic, value, key, **kw)
+            return
+        except BufferError:
+            producer.poll(0.05)
 
 
 Copy = tuple[int, bytes | None, list[tuple[str, bytes]]]  # partition, key, headers

@@ -9,6 +9,7 @@ it gets misplaced records refused by the worker (dead-lettered), never a key twi
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import shutil
@@ -42,6 +43,7 @@ from tests.conftest import delete_topics
 from tests.log.conftest import records_of
 from tests.log.test_placement import grow
 from tests.sow.conftest import wait_caught_up
+from tests.sow.test_poison import set_max_message_bytes, until
 from tests.sow.test_worker import sow_of
 
 PARTITIONS = 3
@@ -220,14 +222,19 @@ def test_a_repartitioner_killed_mid_stream_neither_loses_nor_doubles_a_record(
 ):
     """SIGKILL the worker while its repartitioner copies a stream kcat wrote; the
     restarted one (same group, same state directory, so the same transactional id)
-    aborts what was open, and the committed copies hold every source record once."""
+    aborts what was open, and the committed copies hold every source record once. Both
+    workers have the same InstanceId (static membership, as the repartitioner's consumer
+    has): the restarted one takes the dead one's partitions at once instead of waiting
+    for the group to time it out."""
     topic, count = unkeyed_topic, 15_000  # three transactions of BATCH_SIZE
     kcat_produce(bootstrap, topic, [(None, {"id": i}) for i in range(count)])
     config_file = tmp_path / "worker.yaml"
-    config_file.write_text(yaml.safe_dump(repartitioned_doc(topic)))
+    group = f"crash-{uuid.uuid4().hex[:8]}"
+    doc = {**repartitioned_doc(topic), "Worker": {"InstanceId": group}}
+    config_file.write_text(yaml.safe_dump(doc))
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.sow.worker_process", str(config_file), bootstrap,
-         str(tmp_path / "state"), "crash"],
+         str(tmp_path / "state"), group],
         cwd=Path(__file__).resolve().parents[2],
         stdout=subprocess.PIPE,
         text=True,
@@ -239,7 +246,7 @@ def test_a_repartitioner_killed_mid_stream_neither_loses_nor_doubles_a_record(
     finally:
         if process.poll() is None:
             process.kill()
-    worker = run_worker(load_config(config_file), group="crash")  # the same group
+    worker = run_worker(load_config(config_file), group=group)  # the same group
     wait_for_sow(worker, topic, {str(i): {"id": i} for i in range(count)}, timeout=120)
     copies = records_of(bootstrap, repartition_topic(topic), committed_only=True)
     sources = [dict(r.headers())[H_SOURCE_BOOKMARK] for r in copies]
@@ -357,21 +364,37 @@ def _key_list(raw: bytes | None) -> list[str] | None:
     return keys if ok else None
 
 
-def test_a_record_too_large_to_copy_is_skipped_and_counted_not_retried_forever(
+def test_records_too_large_to_copy_are_dead_lettered_not_retried_forever(
     bootstrap, unkeyed_topic, run_worker
 ):
-    """A source record just under Kafka's size limit is over it with its source bookmark
-    header: copying it can never succeed, so it is skipped (counted, logged with its
-    bookmark) and the records after it are copied."""
+    """Two copies Kafka can never take: one the producer refuses (a record just under
+    Kafka's limit is over it with its source bookmark header), one the broker refuses
+    (over the internal topic's max.message.bytes, which aborted the transaction, every
+    time). Each is dead-lettered with its reason and source bookmark, and the records
+    after them are copied."""
     topic = unkeyed_topic
+    dead = f"{topic}-dead"
+    set_max_message_bytes(bootstrap, repartition_topic(topic), 20_000)
     producer = Producer({"bootstrap.servers": bootstrap})  # kcat's own input limit is lower
     producer.produce(topic, orjson.dumps({"id": 0, "pad": "x" * 999_940}), partition=0)
+    noise = base64.b64encode(os.urandom(30_000)).decode()  # lz4 can't make it smaller
+    producer.produce(topic, orjson.dumps({"id": 1, "pad": noise}), partition=1)
     assert producer.flush(30) == 0
-    kcat_produce(bootstrap, topic, [(None, {"id": i}) for i in IDS[1:]])
-    worker = run_worker(repartitioned_config(topic))
-    worker.repartitioners[0].wait_forwarded(len(IDS))
-    wait_for_sow(worker, topic, {str(i): {"id": i} for i in IDS[1:]})
-    assert worker.repartitioners[0].refused == 1
+    kcat_produce(bootstrap, topic, [(None, {"id": i}) for i in IDS[2:]])
+    doc = repartitioned_doc(topic)
+    doc["SOW"][0].update({"DeadLetterTopic": dead, "CreateDeadLetterTopic": True})
+    try:
+        worker = run_worker(Config.model_validate(doc))
+        worker.repartitioners[0].wait_forwarded(len(IDS))
+        wait_for_sow(worker, topic, {str(i): {"id": i} for i in IDS[2:]})
+        assert worker.repartitioners[0].refused == 2
+        until(lambda: len(records_of(bootstrap, dead)) >= 2, what="two dead letters")
+        refused = [dict(letter.headers()) for letter in records_of(bootstrap, dead)]
+        sources = sorted(letter[H_SOURCE_BOOKMARK].decode() for letter in refused)
+        assert sources == [f"{topic}|0|0|", f"{topic}|1|0|"]
+        assert all(b"too large to repartition" in letter["reason"] for letter in refused)
+    finally:
+        delete_topics(bootstrap, [dead])
 
 
 def test_a_worker_says_when_a_topic_has_other_partitions_than_its_config(
