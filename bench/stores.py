@@ -21,12 +21,9 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from amps_on_kafka.client import Client
-from amps_on_kafka.client.bookmark_store import (
-    BookmarkStore,
-    LoggedBookmarkStore,
-    MemoryBookmarkStore,
-    RingBookmarkStore,
-)
+from amps_on_kafka.client.bookmark_store import BookmarkStore, MemoryBookmarkStore
+from amps_on_kafka.client.logged_bookmark_store import LoggedBookmarkStore
+from amps_on_kafka.client.ring_bookmark_store import RingBookmarkStore
 from amps_on_kafka.log.message import COMPLETED
 from bench.common import Result, bootstrap, documents, encoded_size, new_topic, report
 

@@ -25,9 +25,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from amps_on_kafka import EPOCH
 from amps_on_kafka.client import LoggedBookmarkStore, MemoryBookmarkStore, RingBookmarkStore
-from amps_on_kafka.client.bookmark_store import KEY_SPACE, SLOT_SIZE
 from amps_on_kafka.client.mapped_file import DamagedFile, unseal
 from amps_on_kafka.client.publish_store import FilePublishStore, StoredPublish
+from amps_on_kafka.client.ring_bookmark_store import KEY_SPACE, SLOT_SIZE
 from amps_on_kafka.log.bookmarks import format_bookmark
 from tests.subscribers.conftest import record
 
