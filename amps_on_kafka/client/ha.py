@@ -8,7 +8,9 @@
             ...
             message.discard()
 
-Built on the Client API only, so it works with whichever transport a URI names. When an
+An HAClient is a Client (both implement client/base.py's ClientBase, with the same
+signatures), so `connect(uri)` and `logon()` work too. Built on the Client API only, so it
+works with whichever transport a URI names. When an
 operation fails with a TransportError, the HA client connects again: the chooser gives
 the URI to try (round-robin by default), failures wait an exponential backoff, and on
 success it republishes what the publish store holds, then each stream subscribes again
@@ -29,16 +31,24 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from amps_on_kafka import MOST_RECENT
+from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.bookmark_store import BookmarkStore, MemoryBookmarkStore
 from amps_on_kafka.client.client import Client
+from amps_on_kafka.client.kafka_transport import KafkaConfigSource
 from amps_on_kafka.client.publish_store import MemoryPublishStore, PublishStore, StoredPublish
-from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.client.stream import Item, MessageStream
+from amps_on_kafka.client.subscriptions import BookmarkSubscription
+from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
 from amps_on_kafka.errors import AmpsError, TransportError
+from amps_on_kafka.log.message import Message
+from amps_on_kafka.log.publisher import FailedWrite
 
 SOW_DELETE_RESERVE = 10_000  # sequence numbers a sow_delete may use: one per record
 
 
 class ServerChooser(Protocol):
+    """Which server to try: the HA client asks `current()` before each attempt."""
+
     def current(self) -> str: ...
 
     def report_failure(self, uri: str, error: Exception | None) -> None: ...
@@ -49,17 +59,25 @@ class ServerChooser(Protocol):
 class RoundRobinChooser:
     """The URIs in turn: a failure moves to the next one."""
 
-    def __init__(self, uris: Sequence[str]) -> None:
-        if not uris:
-            raise ValueError("an HA client needs at least one URI")
+    def __init__(self, uris: Sequence[str] = ()) -> None:
         self.uris = list(uris)
         self._index = 0
         self.failures: list[tuple[str, str]] = []  # (uri, reason), the latest last
 
     def current(self) -> str:
+        """The URI to try next."""
+        if not self.uris:
+            raise TransportError("an HA client needs a server: pass URIs or call connect(uri)")
         return self.uris[self._index]
 
+    def select(self, uri: str) -> None:
+        """Make `uri` the next one tried, adding it to the list if it is new."""
+        if uri not in self.uris:
+            self.uris.append(uri)
+        self._index = self.uris.index(uri)
+
     def report_failure(self, uri: str, error: Exception | None) -> None:
+        """Note the failure and move on to the next URI."""
         self.failures.append((uri, str(error) if error else "failed over"))
         del self.failures[:-100]
         if self.uris[self._index] == uri:
@@ -79,13 +97,14 @@ class Backoff:
     give_up_after: float | None = None  # seconds of failing; None: keep trying
 
     def delays(self) -> Iterator[float]:
+        """The waits, one per failed attempt, without end."""
         delay = self.initial
         while True:
             yield delay
             delay = min(self.maximum, delay * self.factor)
 
 
-class HAClient:
+class HAClient(ClientBase):
     """A Client that survives its connection: reconnect, resubscribe, republish."""
 
     def __init__(
@@ -102,11 +121,12 @@ class HAClient:
     ) -> None:
         """`flush_every`: after so many publishes the HA client waits for Kafka's
         acknowledgement itself (publish_flush), so the publish store stays small."""
+        super().__init__()
         self.name = name
         self.chooser = chooser or RoundRobinChooser(uris)
         self.publish_store = MemoryPublishStore() if publish_store is None else publish_store
         self.publish_store.claim(name)
-        self.bookmark_store = MemoryBookmarkStore() if bookmark_store is None else bookmark_store
+        self._bookmark_store = MemoryBookmarkStore() if bookmark_store is None else bookmark_store
         self.backoff = backoff
         self.logon_timeout = logon_timeout
         self.flush_every = flush_every
@@ -117,11 +137,29 @@ class HAClient:
         self._sequences = itertools.count(max(time.time_ns() // 1000, stored + 1))
         self._last_sent: int | None = None
         self._unflushed = 0
+        self._republished: dict[int, Any] = {}  # what the last reconnect's republish returned
+        self._settings: dict[str, Callable[[Client], None]] = {}  # for every new connection
+        self._kafka_configs: dict[str, KafkaConfigSource] = {}  # by URI, from connect()
         self._paused: set[str] = set()
         self._streams: list[HAStream] = []
         self._closed = False
 
     # -- connection -----------------------------------------------------------------------
+    def connect(self, uri: str, *, kafka_config: KafkaConfigSource = None) -> None:
+        """Add `uri` to the servers and make it the next one tried (with the default
+        RoundRobinChooser; a custom chooser names its servers itself), with the Kafka
+        client properties to use for it. As with Client, nothing connects until logon()."""
+        if not isinstance(self.chooser, RoundRobinChooser):
+            raise TypeError("connect(uri) needs the RoundRobinChooser; yours names the servers")
+        self.chooser.select(uri)
+        self._kafka_configs[uri] = kafka_config
+
+    def logon(self, timeout: float | None = None) -> None:
+        """connect_and_logon; `timeout` (if given) bounds each attempt's logon."""
+        if timeout is not None:
+            self.logon_timeout = timeout
+        self._connected()
+
     def connect_and_logon(self) -> None:
         """Connect to the chooser's server (trying the others as needed) and republish
         whatever the publish store holds from before."""
@@ -151,8 +189,10 @@ class HAClient:
             uri = self.chooser.current()
             client = Client(self.name)
             try:
-                client.connect(uri)
+                client.connect(uri, kafka_config=self._kafka_configs.get(uri))
                 client.logon(self.logon_timeout)
+                for setting in self._settings.values():
+                    setting(client)
                 self._republish(client)
             except TransportError as exc:
                 self.chooser.report_failure(uri, exc)
@@ -166,7 +206,7 @@ class HAClient:
                 time.sleep(delay)
                 continue
             self.chooser.report_success(uri)
-            client.set_bookmark_store(self.bookmark_store)
+            client.set_bookmark_store(self._bookmark_store)
             return client
         raise AssertionError("unreachable: backoff delays never end")
 
@@ -192,15 +232,21 @@ class HAClient:
             except TransportError as exc:
                 self.reconnect(exc, generation=generation)
 
+    def _setting(self, name: str, apply: Callable[[Client], None]) -> None:
+        """Apply a setting now and to every connection made after this one."""
+        self._settings[name] = apply
+        self._with_client(apply)
+
     # -- publishing -----------------------------------------------------------------------
     def publish(self, topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
         """Store, then publish; returns the sequence number the message carries."""
-        return self._send("publish", topic, data, expiration, kw)
+        return self._send("publish", topic, data, expiration, kw)[0]
 
     def delta_publish(
         self, topic: str, data: Any, expiration: float | None = None, **kw: Any
     ) -> int:
-        return self._send("delta_publish", topic, data, expiration, kw)
+        """Store, then delta_publish; returns the sequence number the message carries."""
+        return self._send("delta_publish", topic, data, expiration, kw)[0]
 
     def sow_delete(
         self,
@@ -210,11 +256,12 @@ class HAClient:
         keys: Iterable[str] | None = None,
         data: Any = None,
         **kw: Any,
-    ) -> int:
-        """A sow_delete goes through the publish store like a publish; returns the first
-        sequence number its records carry."""
+    ) -> list[int] | Message:
+        """A sow_delete goes through the publish store like a publish; returns what
+        Client.sow_delete returns (its records are numbered from the stored sequence)."""
         options = {"filter": filter, "keys": list(keys) if keys is not None else None, **kw}
-        return self._send("sow_delete", topic, data, None, options)
+        result: list[int] | Message = self._send("sow_delete", topic, data, None, options)[1]
+        return result
 
     def _send(
         self,
@@ -223,7 +270,8 @@ class HAClient:
         data: Any,
         expiration: float | None,
         options: dict[str, Any],
-    ) -> int:
+    ) -> tuple[int, Any]:
+        """Store, then produce; the sequence and what the Client returned."""
         with self._lock:
             client, generation = self._connected(), self.generation  # before it is stored:
             sequence = next(self._sequences)  # connecting republishes the store
@@ -232,15 +280,16 @@ class HAClient:
             entry = StoredPublish(sequence, command, topic, data, expiration, options)
             self.publish_store.store(entry)  # before Kafka sees it: a crash can't lose it
             try:
-                _produce(client, entry)
+                result = _produce(client, entry)
             except TransportError as exc:
                 self.reconnect(exc, generation=generation)  # republishes it with the rest
+                result = self._republished.get(sequence)
             self._last_sent = sequence
             self._unflushed += 1
             due = self.flush_every is not None and self._unflushed >= self.flush_every
         if due:
             self.publish_flush()
-        return sequence
+        return sequence, result
 
     def publish_flush(self, timeout: float | None = None) -> None:
         """Wait until Kafka acknowledged every publish, then empty the publish store of
@@ -251,43 +300,113 @@ class HAClient:
         if last is not None:
             self.publish_store.discard_up_to(last)
 
+    def set_failed_write_handler(self, handler: Callable[[FailedWrite], None] | None) -> None:
+        """Called for each publish Kafka refused (on this and every later connection)."""
+        self._setting("failed_write_handler", lambda c: c.set_failed_write_handler(handler))
+
     def _republish(self, client: Client) -> None:
         """Publish again what was never acknowledged, with the original sequences."""
+        self._republished = {}
         for entry in self.publish_store.unpersisted():
-            _produce(client, entry)
+            self._republished[entry.sequence] = _produce(client, entry)
             self._last_sent = max(self._last_sent or 0, entry.sequence)
 
     # -- subscribing ----------------------------------------------------------------------
-    def bookmark_subscribe(
+    def _open_bookmark_subscription(
         self,
         topic: str,
         bookmark: str,
-        filter: str | None = None,
+        filter: str | None,
         *,
-        sub_id: str | None = None,
-        options: str | None = None,
-        until: str | None = None,
-        timeout: float | None = None,
-    ) -> HAStream:
+        until: str | None,
+        timeout: float | None,
+        sub_id: str | None,
+        options: str | None,
+    ) -> MessageStream:
         """A bookmark subscription that resumes from the bookmark store's recovery point
         after every reconnect."""
-        kwargs = {"sub_id": sub_id, "options": options, "until": until, "timeout": timeout}
-        return self._open(HAStream(self, "bookmark_subscribe", (topic, bookmark, filter), kwargs))
+        kwargs = {"sub_id": sub_id, "options": options, "until": until}
+        args = (topic, bookmark, filter)
+        return self._open(HAStream(self, "bookmark_subscribe", args, kwargs, timeout))
 
-    def subscribe(self, *args: Any, **kwargs: Any) -> HAStream:
-        """Client.subscribe, placed again after every reconnect (where the Client has it)."""
-        return self._open(HAStream(self, "subscribe", args, kwargs))
+    def _open_subscription(
+        self,
+        topic: str,
+        filter: str | None,
+        options: str | None,
+        *,
+        sub_id: str | None,
+        timeout: float | None,
+    ) -> MessageStream:
+        """Client.subscribe, placed again after every reconnect."""
+        args = (topic, filter, options)
+        return self._open(HAStream(self, "subscribe", args, {"sub_id": sub_id}, timeout))
 
-    def sow_and_subscribe(self, *args: Any, **kwargs: Any) -> HAStream:
+    def _open_sow_and_subscribe(
+        self,
+        topic: str,
+        filter: str | None,
+        options: str | None,
+        *,
+        order_by: str | None,
+        top_n: int | None,
+        batch_size: int,
+        sub_id: str | None,
+        timeout: float | None,
+    ) -> MessageStream:
         """Client.sow_and_subscribe, queried and placed again after every reconnect."""
-        return self._open(HAStream(self, "sow_and_subscribe", args, kwargs))
+        kwargs = {"order_by": order_by, "top_n": top_n, "batch_size": batch_size, "sub_id": sub_id}
+        args = (topic, filter, options)
+        return self._open(HAStream(self, "sow_and_subscribe", args, kwargs, timeout))
 
     def _open(self, stream: HAStream) -> HAStream:
         stream.current()  # subscribe now: a bad topic or bookmark is an error here
         self._streams.append(stream)
         return stream
 
-    def discard(self, message: Any) -> None:
+    def sow(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        timeout: float | None = None,
+    ) -> MessageStream:
+        """Client.sow, asked again on a new connection if the request fails; a query
+        interrupted while its records arrive fails with TransportError (asking again
+        would deliver its first records twice)."""
+        return self._with_client(  # type: ignore[no-any-return]
+            lambda client: client.sow(
+                topic, filter, order_by=order_by, top_n=top_n, batch_size=batch_size,
+                timeout=timeout,
+            )
+        )
+
+    def _unsubscribe(self, sub_id: str, ended: bool) -> None:
+        for stream in list(self._streams):
+            if sub_id == "all" or stream.sub_id == sub_id:
+                stream.close()
+                ended = True
+        client = self._client
+        if client is not None:
+            with suppress(TransportError):  # a connection lost has no subscriptions
+                client._unsubscribe(sub_id, ended)
+
+    # -- bookmark stores, pause and resume -------------------------------------------------
+    def set_bookmark_store(self, store: BookmarkStore | None) -> None:
+        """The store for bookmark subscriptions from now on (None: a new memory store; an
+        HA client always has one, to resubscribe from)."""
+        self._bookmark_store = MemoryBookmarkStore() if store is None else store
+        if self._client is not None:
+            self._client.set_bookmark_store(self._bookmark_store)
+
+    @property
+    def bookmark_store(self) -> BookmarkStore:
+        return self._bookmark_store
+
+    def discard(self, message: Message) -> None:
         message.discard()
 
     def pause(self, sub_ids: str | Iterable[str]) -> None:
@@ -300,11 +419,43 @@ class HAClient:
         self._paused.difference_update(names)
         self._with_client(lambda client: client.resume(names))
 
+    def bookmark_subscription(self, sub_id: str) -> BookmarkSubscription:
+        return self.client.bookmark_subscription(sub_id)
+
+    # -- queues ------------------------------------------------------------------------------
+    def ack(
+        self,
+        topic: str,
+        bookmarks: str | Iterable[str],
+        option: str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Message:
+        """Client.ack, sent again on a new connection if the connection fails first."""
+        listed = bookmarks if isinstance(bookmarks, str) else list(bookmarks)
+        return self._with_client(  # type: ignore[no-any-return]
+            lambda client: client.ack(topic, listed, option, timeout=timeout)
+        )
+
+    def set_ack_batch_size(self, size: int) -> None:
+        self._setting("ack_batch_size", lambda client: client.set_ack_batch_size(size))
+
+    def set_ack_timeout(self, seconds: float) -> None:
+        self._setting("ack_timeout", lambda client: client.set_ack_timeout(seconds))
+
+    def flush_acks(self) -> None:
+        self._with_client(lambda client: client.flush_acks())
+
+    def heartbeat(self, timeout: float | None = None) -> None:
+        """Client.heartbeat; a server that doesn't answer is failed over from."""
+        self._with_client(lambda client: client.heartbeat(timeout))
+
     # -- closing --------------------------------------------------------------------------
     def close(self) -> None:
         """Close the streams and the connection; what Kafka acknowledged while closing
         leaves the publish store."""
         self._closed = True
+        self._handlers.stop()
         for stream in list(self._streams):
             stream.close()
         client, self._client = self._client, None
@@ -317,24 +468,25 @@ class HAClient:
     def __enter__(self) -> HAClient:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
-
-class HAStream:
+class HAStream(MessageStream):
     """A subscription's messages across reconnects; iterate it like a MessageStream."""
 
     def __init__(
-        self, ha: HAClient, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        ha: HAClient,
+        kind: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None,
     ) -> None:
         self._ha = ha
         self._kind = kind
         self._args = args
-        self._kwargs = kwargs
+        self._kwargs = kwargs  # without the idle timeout: this stream keeps it
         self._stream: MessageStream | None = None
         self._generation = -1
-        self._closed = False
-        self.sub_id: str | None = kwargs.get("sub_id")
+        super().__init__(self._items(), self._release, kwargs.get("sub_id"), idle_timeout=timeout)
 
     def current(self) -> MessageStream:
         """The stream on the current connection, subscribing again after a reconnect."""
@@ -362,41 +514,36 @@ class HAStream:
             kwargs["options"] = ",".join(filter(None, [kwargs.get("options"), "pause"]))
         return kwargs
 
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
+    def _items(self) -> Iterator[Item]:
+        """The current connection's items; after a TransportError, reconnect and go on
+        from the new connection's stream."""
         while not self._closed:
             stream, generation = self.current(), self._generation
             try:
-                return next(stream)
+                yield from stream.source
+                return
             except TransportError as exc:
                 self._ha.reconnect(exc, generation=generation)
-        raise StopIteration
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            if self._stream is not None:
-                self._stream.close()
-            with suppress(ValueError):
-                self._ha._streams.remove(self)
+    def _release(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        with suppress(ValueError):
+            self._ha._streams.remove(self)
 
     def __enter__(self) -> HAStream:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
-
-def _produce(client: Client, entry: StoredPublish) -> None:
+def _produce(client: Client, entry: StoredPublish) -> Any:
     options = dict(entry.options)
     if entry.command == "sow_delete":
         filter = options.pop("filter", None)
-        client.sow_delete(entry.topic, filter, data=entry.data, sequence=entry.sequence, **options)
-        return
+        return client.sow_delete(
+            entry.topic, filter, data=entry.data, sequence=entry.sequence, **options
+        )
     publish = client.publish if entry.command == "publish" else client.delta_publish
-    publish(entry.topic, entry.data, entry.expiration, sequence=entry.sequence, **options)
+    return publish(entry.topic, entry.data, entry.expiration, sequence=entry.sequence, **options)
 
 
 def _names(sub_ids: str | Iterable[str]) -> list[str]:

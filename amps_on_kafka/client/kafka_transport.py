@@ -66,7 +66,7 @@ class KafkaTransport:
     ) -> int:
         return self.publisher.publish(topic, data, expiration=expiration, command=command, **kw)
 
-    def sow_delete(self, topic: str, **kw: Any) -> int:
+    def sow_delete(self, topic: str, **kw: Any) -> list[int]:
         return self.publisher.sow_delete(topic, **kw)
 
     def publish_flush(self, timeout: float | None) -> None:

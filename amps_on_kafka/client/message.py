@@ -1,11 +1,12 @@
-"""Messages delivered by the gateway transport, shaped like LogMessage.
+"""`Message`, the one type every stream yields (defined in log/message.py, beside the
+log's records, and re-exported here), and `GatewayMessage`, the tcp:// transport's kind.
 
-An application iterating a stream reads `topic`, `data`, `bookmark`, `timestamp`,
-`sow_key`, `expiration` and `command` whichever transport delivered the message. Here
-`command` is one of "sow", "publish", "oof", "group_begin", "group_end" or "ack"; an
-oof message also has a `reason` (deleted, expired or match). Everything is read from the
-frame's header on demand and the payload is decoded on first access, so a subscriber
-that only counts pays for nothing else.
+An application iterating a stream reads the same attributes whichever transport
+delivered the message (docs/subscribers.md, "Messages"). A GatewayMessage's `command` is
+one of "sow", "publish", "oof", "group_begin", "group_end" or "ack"; an oof message also
+has a `reason` (deleted, expired or match). Everything is read from the frame's header
+on demand and the payload is decoded on first access, so a subscriber that only counts
+pays for nothing else.
 """
 
 from __future__ import annotations
@@ -14,14 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.message import COMPLETED, Completed, LogMessage, Message
 
 if TYPE_CHECKING:
     from amps_on_kafka.client.acks import AckBatcher
 
+__all__ = ["COMPLETED", "Completed", "GatewayMessage", "LogMessage", "Message"]
+
 _UNSET = object()
 
 
-class Message:
+class GatewayMessage(Message):
+    """A message from a worker's gateway: a frame's header (`meta`) and payload."""
+
     __slots__ = ("_data", "acks", "command", "meta", "payload", "sub_id", "topic")
 
     def __init__(
@@ -32,11 +38,11 @@ class Message:
         payload: bytes = b"",
         sub_id: str | None = None,
     ) -> None:
-        self.command = command
-        self.topic = topic
+        self.command = command  # type: ignore[misc]  # slots where Message has properties
+        self.topic = topic  # type: ignore[misc]
         self.meta = meta  # the frame header, or one record's entry of a `sow` batch
-        self.payload = payload
-        self.sub_id = sub_id
+        self.payload = payload  # type: ignore[misc]
+        self.sub_id = sub_id  # type: ignore[misc]
         self.acks: AckBatcher | None = None  # set on messages delivered by a subscription
         self._data: Any = _UNSET
 
@@ -64,12 +70,9 @@ class Message:
             raise MessageError(
                 f"{self!r} was not delivered by a subscription: there is nothing to ack"
             )
-        if self.lease_period is not None:
-            self.acks.add(self.topic, self.bookmark, option)  # type: ignore[arg-type]
-
-    @property
-    def logical_topic(self) -> str | None:
-        return self.topic
+        topic, bookmark = self.topic, self.bookmark
+        if self.lease_period is not None and topic is not None and bookmark is not None:
+            self.acks.add(topic, bookmark, option)
 
     @property
     def bookmark(self) -> str | None:
@@ -93,6 +96,14 @@ class Message:
         return self.meta.get("x")
 
     @property
+    def publisher_id(self) -> str | None:
+        return self.meta.get("p")
+
+    @property
+    def sequence(self) -> int | None:
+        return self.meta.get("s")
+
+    @property
     def reason(self) -> str | None:
         return self.meta.get("reason")
 
@@ -111,4 +122,4 @@ class Message:
 
     def __repr__(self) -> str:
         where = self.bookmark or self.ack_type or ""
-        return f"Message({self.command}, {self.topic}, {where})"
+        return f"GatewayMessage({self.command}, {self.topic}, {where})"

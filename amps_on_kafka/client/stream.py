@@ -1,34 +1,119 @@
-"""Message streams: what subscriptions return, to iterate in a for loop."""
+"""Message streams: what subscriptions and queries return, to iterate in a for loop.
+
+A stream's source yields messages and, while nothing arrives, TICK about every
+TICK_INTERVAL seconds (a quiet tcp:// route wakes that often; a quiet kafka:// replay
+after each empty poll of 0.2 s). The ticks never reach the application: they let
+`next(timeout=...)` give up on time while leaving the stream open, and let the stream
+end after `idle_timeout` quiet seconds, without a thread per stream.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+
+from amps_on_kafka.log.controls import TICK
+from amps_on_kafka.log.message import Message
+
+TICK_INTERVAL = 0.1  # seconds between ticks of a quiet tcp:// stream
+
+Item = Message | object  # a Message, or TICK
 
 
 class MessageStream:
     """An iterable of messages (and a `completed` marker where one was asked for).
 
-    Closing the stream ends the subscription; use it as a context manager.
+    `for message in stream` waits as long as it takes; `stream.next(timeout=1.0)` waits
+    at most that long and returns None, leaving the stream open. `idle_timeout` (the
+    `timeout=` of the call that opened the stream) ends the stream after that many
+    quiet seconds. Closing the stream ends the subscription; use it as a context manager.
     """
 
     def __init__(
-        self, source: Iterator[Any], on_close: Callable[[], None], sub_id: str | None = None
+        self,
+        source: Iterator[Item],
+        on_close: Callable[[], None],
+        sub_id: str | None = None,
+        *,
+        idle_timeout: float | None = None,
     ) -> None:
         self._source = source
         self._on_close = on_close
         self._closed = False
+        self._ended = False
         self.sub_id = sub_id
+        self.idle_timeout = idle_timeout
+        self._quiet_since = time.monotonic()
 
-    def __iter__(self) -> Iterator[Any]:
-        return self._source if not self._closed else iter(())  # no extra frame per message
+    @property
+    def ended(self) -> bool:
+        """True once the stream delivered its last message (or was closed)."""
+        return self._ended or self._closed
 
-    def __next__(self) -> Any:
-        if self._closed:
+    @property
+    def source(self) -> Iterator[Item]:
+        """The items, ticks included: for a stream built on this one (a bookmark
+        subscription over tcp://, an HA stream), which keeps its own clock."""
+        return self._source
+
+    def __iter__(self) -> Iterator[Message]:
+        return self._messages() if not self.ended else iter(())
+
+    def _messages(self) -> Iterator[Message]:
+        """The messages, ticks left out: one generator frame per message, no method call.
+        Leaving a for loop early leaves the stream open: iterate it again to go on."""
+        idle = self.idle_timeout
+        for item in self._source:
+            if item is TICK:
+                if self._closed or self._idle_over(idle):
+                    break
+                continue
+            if idle is not None:
+                self._quiet_since = time.monotonic()
+            yield item  # type: ignore[misc]  # not TICK: a Message
+        self._end()
+
+    def __next__(self) -> Message:
+        message = self.next()
+        assert message is not None  # without a timeout, next waits for one
+        return message
+
+    def next(self, timeout: float | None = None) -> Message | None:
+        """The next message; None if none came within `timeout` seconds (None: wait as
+        long as it takes). The stream stays open after a timeout: call again to go on
+        waiting. A timeout may overrun by up to a tick (0.1 s on tcp://, 0.2 s on
+        kafka://). Raises StopIteration once the stream has ended (see `ended`)."""
+        if self.ended:
             raise StopIteration
-        return next(self._source)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                item = next(self._source)
+            except StopIteration:
+                self._end()
+                raise
+            if item is TICK:
+                if self._closed or self._idle_over(self.idle_timeout):
+                    self._end()
+                    raise StopIteration
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            if self.idle_timeout is not None:
+                self._quiet_since = time.monotonic()
+            return item  # type: ignore[return-value]  # not TICK: a Message
+
+    def _idle_over(self, idle: float | None) -> bool:
+        return idle is not None and time.monotonic() - self._quiet_since >= idle
+
+    def _end(self) -> None:
+        """The source has nothing more: release the subscription behind it."""
+        if not self._ended:
+            self._ended = True
+            self.close()
 
     def close(self) -> None:
+        """End the stream and the subscription behind it (idempotent)."""
         if not self._closed:
             self._closed = True
             self._on_close()

@@ -25,17 +25,19 @@ from typing import Any
 from amps_on_kafka import MOST_RECENT
 from amps_on_kafka.client.bookmark_store import BookmarkStore, SubscriptionBookmarks
 from amps_on_kafka.client.kafka_transport import KafkaTransport
-from amps_on_kafka.client.message import Message
-from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.client.message import GatewayMessage
+from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
 from amps_on_kafka.errors import InvalidBookmark
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.bookmarks import TP
 from amps_on_kafka.log.controls import (
+    TICK,
     FanOut,
     PauseGate,
     RateLimiter,
     ReplayOptions,
     controlled,
+    heartbeats,
     parse_options,
     resume_bookmark,
 )
@@ -65,9 +67,13 @@ class StoredMessage:
         self.bookmarks.discard(self)
 
 
-def bound_class(base: type, bookmarks: SubscriptionBookmarks) -> type:
-    namespace = {"__slots__": (), "bookmarks": bookmarks, "sub_id": bookmarks.sub_id}
-    return type(base.__name__, (base, StoredMessage), namespace)
+def bound_class(base: type, sub_id: str, bookmarks: SubscriptionBookmarks | None) -> type:
+    """The class a subscription's messages are re-classed to: `sub_id` (a LogMessage has
+    no slot for it) and, with a store, `discard()` bound to it."""
+    namespace = {"__slots__": (), "sub_id": sub_id}
+    if bookmarks is None:
+        return type(base.__name__, (base,), namespace)
+    return type(base.__name__, (StoredMessage, base), {**namespace, "bookmarks": bookmarks})
 
 
 class _Feed:
@@ -124,11 +130,14 @@ class BookmarkSubscription:
         self._closed = False
         self._completed = False
         self._fresh = True  # nothing read yet: it stands where it started
-        base = LogMessage if isinstance(transport, KafkaTransport) else Message
+        kafka = isinstance(transport, KafkaTransport)
+        base = LogMessage if kafka else GatewayMessage
         self._base = base
         self._bookmarks = store.subscription(sub_id) if store is not None else None
-        self._bound = bound_class(base, self._bookmarks) if self._bookmarks else None
-        self.stream = MessageStream(self._deliver(), self.close, sub_id)
+        # Log records need the class for their sub_id; gateway messages carry theirs.
+        needs_class = kafka or self._bookmarks is not None
+        self._bound = bound_class(base, sub_id, self._bookmarks) if needs_class else None
+        self.stream = MessageStream(self._deliver(), self.close, sub_id, idle_timeout=timeout)
 
     @property
     def paused(self) -> bool:
@@ -143,25 +152,28 @@ class BookmarkSubscription:
 
     def _deliver(self) -> Iterator[Any]:
         """The stream: the gate is checked before each read, so a paused subscription
-        reads nothing more and keeps its exact place."""
+        reads nothing more and keeps its exact place (ticking while it waits)."""
         gate = self.gate
         log = self._bookmarks.log if self._bookmarks is not None else None
         base, bound = self._base, self._bound
         while True:
-            if gate.paused:
-                gate.wait()
+            while gate.paused and not self._closed:
+                if not gate.wait(TICK_INTERVAL):
+                    yield TICK
             if self._closed:
                 return
             self._fresh = False
             for item in self.feed.items:
-                if item is COMPLETED:
+                if item is TICK:
+                    pass
+                elif item is COMPLETED:
                     if self._completed:
                         continue  # a replay shared on resume ends its own replay too
                     self._completed = True
-                elif log is not None:
+                elif bound is not None:
                     if type(item) is base:
                         item.__class__ = bound
-                    if not log(item):
+                    if log is not None and not log(item):
                         continue
                 yield item
                 if gate.paused:
@@ -257,6 +269,16 @@ class BookmarkSubscriptions:
             raise KeyError(f"no open bookmark subscription {sub_id!r}")
         return sub
 
+    def close(self, sub_id: str = "all") -> bool:
+        """Close one open subscription, or all ("all"); False if there was none (a gateway
+        subscription of that name may be what is meant)."""
+        with self._lock:
+            found = self._subs.values() if sub_id == "all" else [self._subs.get(sub_id)]
+            subs = [sub for sub in found if sub is not None]
+        for sub in subs:
+            sub.close()
+        return bool(subs)
+
     def forget(self, sub_id: str) -> None:
         with self._lock:
             self._subs.pop(sub_id, None)
@@ -305,7 +327,17 @@ def _kafka_feed(
     def open_replay(start: str, max_idle: float | None) -> Replay:
         return transport.bookmark_subscribe(topic, start, predicate, until, max_idle)
 
-    run = controlled(open_replay, bookmark, options, bounded=until is not None, idle_limit=timeout)
+    # Following the log, the replay ticks after each quiet poll (the stream's clock); one
+    # bounded by `until` ends by itself (a finished replay would only tick), so doesn't.
+    heartbeat = TICK_INTERVAL if until is None else None
+    run = controlled(
+        open_replay,
+        bookmark,
+        options,
+        bounded=until is not None,
+        idle_limit=timeout,
+        heartbeat=heartbeat,
+    )
     return _Feed(
         run.items,
         run.source.close,
@@ -329,14 +361,9 @@ def _gateway_feed(
         stream = transport.bookmark_subscribe(topic, bookmark, filter, until, timeout)
     else:
         stream = transport.subscribe(
-            topic,
-            filter,
-            options.server_options(),
-            bookmark=bookmark,
-            sub_id=sub_id,
-            timeout=timeout,
-        )
-    return _Feed(iter(stream), stream.close)
+            topic, filter, options.server_options(), bookmark=bookmark, sub_id=sub_id
+        )  # the subscription's own stream keeps the idle timeout
+    return _Feed(stream.source, stream.close)
 
 
 def _share_key(sub: BookmarkSubscription) -> tuple | None:
@@ -356,10 +383,15 @@ def _share_replay(group: list[BookmarkSubscription]) -> None:
     """Close each subscription's replay and feed them all from one, opened where they
     stand, without a filter: each branch applies its subscription's own."""
     first = group[0]
+    following = first.until is None  # then the replay ticks, as _kafka_feed's does
     replay = first._transport.bookmark_subscribe(
-        first.topic, resume_bookmark(first.positions() or {}), None, first.until, first.timeout
+        first.topic,
+        resume_bookmark(first.positions() or {}),
+        None,
+        first.until,
+        TICK_INTERVAL if following else first.timeout,
     )
-    items: Iterator[Any] = iter(replay)
+    items: Iterator[Any] = heartbeats(replay) if following else iter(replay)
     if first.options.rate is not None:
         items = RateLimiter(first.options.rate).paced(items)
     fan = FanOut(replay, items, [sub._predicate for sub in group])

@@ -23,10 +23,11 @@ from typing import Any
 import orjson
 
 from amps_on_kafka.client.acks import AckBatcher
-from amps_on_kafka.client.message import Message
-from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.client.message import GatewayMessage
+from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
 from amps_on_kafka.client.tls import TlsOptions, TlsSocket
 from amps_on_kafka.errors import AmpsError, MessageError, PublishError, ServerError, TransportError
+from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.envelope import Command, check_expiration
 from amps_on_kafka.log.message import COMPLETED, Completed
 from amps_on_kafka.log.publisher import FailedWrite
@@ -44,7 +45,7 @@ MAX_PARTITIONS = 10_000  # a delete by filter writes one record per partition, a
 
 _ENDED = object()  # the application closed the stream
 _LOST = object()  # the connection is gone
-Item = Message | Completed
+Item = GatewayMessage | Completed
 
 
 class Outbox:
@@ -208,7 +209,7 @@ class TcpTransport:
         correlation_id: str | None = None,
         timeout: float | None = COMMAND_TIMEOUT,
         sequence: int | None = None,
-    ) -> Message:
+    ) -> GatewayMessage:
         """Waits for the worker: the processed ack's `matches` is the number deleted."""
         key_list = [str(k) for k in keys] if keys is not None else None
         records = len(key_list) if key_list is not None else MAX_PARTITIONS if data is None else 1
@@ -218,7 +219,7 @@ class TcpTransport:
         _set(header, f=filter, x=correlation_id, k=key_list)
         payload = _payload(data) if data is not None else b""
         reply = self._command(header, payload, timeout=timeout)
-        return Message("ack", topic, reply.header)
+        return GatewayMessage("ack", topic, reply.header)
 
     def ack(
         self,
@@ -226,12 +227,12 @@ class TcpTransport:
         bookmarks: str | Iterable[str],
         option: str | None = None,
         timeout: float | None = COMMAND_TIMEOUT,
-    ) -> Message:
+    ) -> GatewayMessage:
         """Acknowledge queue messages now; the processed ack comes once they are durable."""
         listed = bookmarks if isinstance(bookmarks, str) else ",".join(bookmarks)
         header: dict[str, Any] = {"c": "sow_delete", "t": topic, "bm": listed, "a": "processed"}
         _set(header, o=option)
-        return Message("ack", topic, self._command(header, timeout=timeout).header)
+        return GatewayMessage("ack", topic, self._command(header, timeout=timeout).header)
 
     def _reserve(self, count: int) -> int:
         """The first of `count` consecutive sequence numbers, for this client alone."""
@@ -274,9 +275,11 @@ class TcpTransport:
         _set(header, f=filter, orderby=order_by, top_n=top_n)
         cid, replies, _ = self._open(header, self._commands, None)
         records = self._items(
-            replies, timeout, self._commands, cid, keep=frozenset({"sow"}), until_done=True
+            replies, self._commands, cid, keep=frozenset({"sow"}), until_done=True
         )
-        return MessageStream(records, lambda: self._end(self._commands, cid))
+        return MessageStream(
+            records, lambda: self._end(self._commands, cid), idle_timeout=timeout
+        )
 
     def subscribe(
         self,
@@ -341,9 +344,12 @@ class TcpTransport:
         self, header: dict[str, Any], sub_id: str | None, timeout: float | None
     ) -> MessageStream:
         sub_id, deliveries, _ = self._open(header, self._subs, sub_id)
-        items = self._items(deliveries, timeout, self._subs, sub_id)
+        items = self._items(deliveries, self._subs, sub_id)
         return MessageStream(
-            items, lambda: self._stop_subscription(sub_id, deliveries), sub_id
+            items,
+            lambda: self._stop_subscription(sub_id, deliveries),
+            sub_id,
+            idle_timeout=timeout,
         )
 
     def _stop_subscription(self, sub_id: str, deliveries: queue.SimpleQueue) -> None:
@@ -402,21 +408,21 @@ class TcpTransport:
     def _items(
         self,
         replies: queue.SimpleQueue,
-        timeout: float | None,
         routes: dict[str, queue.SimpleQueue],
         key: str,
         *,
         keep: frozenset[str] | None = None,
         until_done: bool = False,
-    ) -> Iterator[Item]:
-        """Messages as they arrive; ends when closed, after `timeout` idle seconds, or at
-        the completed ack when `until_done`."""
+    ) -> Iterator[Item | object]:
+        """Messages as they arrive, TICK after each quiet TICK_INTERVAL (the stream's
+        clock); ends when closed, or at the completed ack when `until_done`."""
         try:
             while True:
                 try:
-                    frame = replies.get(timeout=timeout)
+                    frame = replies.get(timeout=TICK_INTERVAL)
                 except queue.Empty:
-                    return
+                    yield TICK
+                    continue
                 if frame is _ENDED:
                     return
                 if frame is _LOST:
@@ -424,7 +430,7 @@ class TcpTransport:
                 for item in _unpack(frame):
                     if item is COMPLETED and until_done:
                         return
-                    if item is not COMPLETED and item.command == "publish":
+                    if isinstance(item, GatewayMessage) and item.command == "publish":
                         item.acks = self.acks  # a queue message can be acked
                     if keep is None or item.command in keep:
                         yield item
@@ -552,17 +558,17 @@ def _unpack(frame: Frame) -> Iterator[Item]:
         offset = 0
         for meta in header.get("recs", ()):
             end = offset + meta["n"]
-            yield Message("sow", topic, meta, payload[offset:end], sub_id)
+            yield GatewayMessage("sow", topic, meta, payload[offset:end], sub_id)
             offset = end
     elif command == "ack":
         _raise_failure(header)
         yield (
             COMPLETED
             if header.get("a") == "completed"
-            else Message("ack", topic, header, b"", sub_id)
+            else GatewayMessage("ack", topic, header, b"", sub_id)
         )
     else:
-        yield Message(command, topic, header, payload, sub_id)  # type: ignore[arg-type]
+        yield GatewayMessage(command, topic, header, payload, sub_id)  # type: ignore[arg-type]
 
 
 def _forget(routes: dict[str, queue.SimpleQueue], key: str, replies: queue.SimpleQueue) -> None:

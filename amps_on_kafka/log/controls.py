@@ -484,9 +484,10 @@ class PauseGate:
         self.paused = False
         self._running.set()
 
-    def wait(self) -> None:
-        """Block until resumed (or opened for good by a close)."""
-        self._running.wait()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until resumed (or opened for good by a close), or for `timeout` seconds at
+        most; False if still paused."""
+        return self._running.wait(timeout)
 
 
 # -- one replay, several subscriptions ------------------------------------------------------

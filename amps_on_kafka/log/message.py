@@ -1,21 +1,163 @@
-"""A record read from the log, with AMPS's view of it.
+"""Messages: `Message`, what every stream yields, and `LogMessage`, a record read from
+the log, with AMPS's view of it.
 
-The envelope and the payload are decoded on first access only: a replay that filters
-on a few fields, or only counts, must not pay for what it never reads.
+`Message` is the one type an application meets, whichever transport delivered it: a
+record replayed from Kafka (`LogMessage`, kafka://), a frame from a worker's gateway
+(`client.message.GatewayMessage`, tcp://), or the `COMPLETED` marker. Every message has
+every attribute of the table in docs/subscribers.md ("Messages"); one that doesn't apply
+to it is None. It lives here, below the client, because the log layer builds messages
+(Replay) and the marker.
+
+A LogMessage decodes its envelope and payload on first access only: a replay that
+filters on a few fields, or only counts, must not pay for what it never reads.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import Message
+from confluent_kafka import Message as KafkaRecord
 
+from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.bookmarks import format_bookmark
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.envelope import Envelope, EnvelopeError, headers_of
 
 
-class LogMessage:
+class Message:
+    """A delivered message. Each attribute is None where it does not apply.
+
+    Subclasses hold the data (slots or a frame header); this class only names the
+    attributes and their defaults, so `isinstance(m, Message)` holds for every message
+    and `Iterator[Message]` types every stream.
+    """
+
+    __slots__ = ()
+
+    @property
+    def command(self) -> str:
+        """What the message is: "publish", "delta_publish", "sow_delete" (a log record),
+        "sow", "oof", "group_begin", "group_end" (gateway deliveries) or "ack"."""
+        raise NotImplementedError
+
+    @property
+    def topic(self) -> str | None:
+        """The topic it was read from."""
+        return None
+
+    @property
+    def logical_topic(self) -> str | None:
+        """The topic as AMPS names it (a view or queue may be stored under another)."""
+        return self.topic
+
+    @property
+    def data(self) -> Any:
+        """The decoded payload: dict for JSON and Avro, bytes for binary, None if none."""
+        return None
+
+    @property
+    def payload(self) -> bytes | None:
+        """The payload's bytes as delivered, undecoded."""
+        return None
+
+    @property
+    def raw(self) -> bytes | None:
+        """Same as `payload`."""
+        return self.payload
+
+    @property
+    def bookmark(self) -> str | None:
+        """Where the message is in the log: `topic|partition|offset|`."""
+        return None
+
+    @property
+    def timestamp(self) -> int | None:
+        """Milliseconds since the epoch: the log's stamp of the record (its last update)."""
+        return None
+
+    @property
+    def sow_key(self) -> str | None:
+        return None
+
+    @property
+    def sow_keys(self) -> tuple[str, ...] | None:
+        """The keys a replayed sow_delete by key deletes."""
+        return None
+
+    @property
+    def filter(self) -> str | None:
+        """The filter a replayed sow_delete by filter deletes with."""
+        return None
+
+    @property
+    def expiration(self) -> float | None:
+        """Seconds the record lives (log) or has left (gateway deliveries)."""
+        return None
+
+    @property
+    def correlation_id(self) -> str | None:
+        return None
+
+    @property
+    def sub_id(self) -> str | None:
+        """The subscription that delivered it."""
+        return None
+
+    @property
+    def publisher_id(self) -> str | None:
+        """The name of the client that published it."""
+        return None
+
+    @property
+    def sequence(self) -> int | None:
+        """The publisher's sequence number for it (duplicate detection)."""
+        return None
+
+    @property
+    def reason(self) -> str | None:
+        """Why an oof message left the subscription (deleted, expired, match), or why a
+        command failed (a failure ack)."""
+        return None
+
+    @property
+    def lease_period(self) -> int | None:
+        """A queue message's lease left when it was delivered, in ms."""
+        return None
+
+    @property
+    def ack_type(self) -> str | None:
+        """For command "ack": its type (processed, completed, stats, ...)."""
+        return None
+
+    @property
+    def status(self) -> str | None:
+        """For an ack: success or failure."""
+        return None
+
+    @property
+    def matches(self) -> int | None:
+        """For a stats ack, the records that matched; for sow_delete, the records deleted."""
+        return None
+
+    def ack(self, option: str | None = None) -> None:
+        """Acknowledge a queue message (docs/queues.md). Only messages a tcp:// queue
+        subscription delivers can be acked; others raise MessageError."""
+        raise MessageError(
+            f"{self!r} can't be acked: only messages of a queue subscription over tcp:// "
+            "have a lease to acknowledge"
+        )
+
+    def discard(self) -> None:
+        """Tell the bookmark store the application has finished with this message. Only
+        messages of a bookmark subscription made with a store can be discarded; others
+        raise MessageError."""
+        raise MessageError(
+            f"{self!r} can't be discarded: it was not delivered by a bookmark subscription "
+            "with a bookmark store (call client.set_bookmark_store(...) before subscribing)"
+        )
+
+
+class LogMessage(Message):
     __slots__ = (
         "_data",
         "_envelope",
@@ -38,17 +180,17 @@ class LogMessage:
         offset: int,
         timestamp: int,
         raw: bytes | None,
-        headers: list[tuple[str, bytes]] | Message | EnvelopeError | None,
+        headers: list[tuple[str, bytes]] | KafkaRecord | EnvelopeError | None,
         codec: Codec,
     ) -> None:
         """`headers` may be the consumed Message itself: its headers() builds a list of
         tuples, so it is called only when the envelope is read, not for every record.
         An EnvelopeError stands for headers that were read and did not decode.
         """
-        self.topic = topic
+        self.topic = topic  # type: ignore[misc]  # a slot where Message has a property
         self.partition = partition
         self.offset = offset
-        self.timestamp = timestamp  # milliseconds since the epoch (LogAppendTime)
+        self.timestamp = timestamp  # type: ignore[misc]  # milliseconds since the epoch (LogAppendTime)
         self.raw = raw
         self._headers = headers
         self.codec = codec
@@ -61,7 +203,7 @@ class LogMessage:
         """EnvelopeError when they don't read, every time, without asking the Message
         again (see headers_of: a second headers() call can crash the process)."""
         headers = self._headers
-        if isinstance(headers, Message):
+        if isinstance(headers, KafkaRecord):
             try:
                 headers = self._headers = headers_of(headers)
             except EnvelopeError as exc:
@@ -83,6 +225,10 @@ class LogMessage:
         if self._data is _UNSET:
             self._data = self.codec.decode(self.raw) if self.raw is not None else None
         return self._data
+
+    @property
+    def payload(self) -> bytes | None:
+        return self.raw
 
     @property
     def bookmark(self) -> str:
@@ -131,12 +277,34 @@ class LogMessage:
         return f"LogMessage({self.bookmark}, {self.command})"
 
 
-class Completed:
-    """The `completed` ack: the replay has caught up with the log as it was at the start."""
+class Completed(Message):
+    """The `completed` ack: the replay has caught up with the log as it was at the start.
+
+    A message like the others (command "ack", ack_type "completed", no topic, data or
+    bookmark), so a loop that reads every message's attributes runs through it; compare
+    with `is COMPLETED` to tell it apart. Acking or discarding it does nothing: there is
+    nothing to acknowledge.
+    """
 
     __slots__ = ()
-    command = "ack"
-    ack_type = "completed"
+
+    @property
+    def command(self) -> str:
+        return "ack"
+
+    @property
+    def ack_type(self) -> str:
+        return "completed"
+
+    @property
+    def status(self) -> str:
+        return "success"
+
+    def ack(self, option: str | None = None) -> None:
+        """Nothing to acknowledge."""
+
+    def discard(self) -> None:
+        """Nothing to discard."""
 
     def __repr__(self) -> str:
         return "COMPLETED"

@@ -1,0 +1,331 @@
+"""`AsyncClient`: the client for asyncio applications, on the same engine as `Client`.
+
+    async with AsyncClient("viewer") as client:
+        await client.connect("tcp://127.0.0.1:9007/amps/json")
+        await client.logon()
+        async with await client.subscribe("orders") as stream:
+            async for message in stream:
+                ...
+
+It wraps a `Client` (or an `HAClient`, `AsyncClient(client=HAClient(...))`): commands run
+on one worker thread per client, in the order they were awaited, so two publishes keep
+their order and the event loop never blocks on a socket or on Kafka. Each stream has a
+pump thread that reads the engine's stream and hands messages to the loop; it runs at
+most MAX_PENDING messages ahead of the application (a slow consumer holds the pump, and
+with it the subscription, back: the same flow control a for loop has).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+from amps_on_kafka.client.base import ClientBase
+from amps_on_kafka.client.client import Client
+from amps_on_kafka.client.command import Command
+from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
+from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
+from amps_on_kafka.log.message import Message
+
+MAX_PENDING = 1000  # messages a stream's pump hands to the loop ahead of the application
+JOIN_TIMEOUT = 10.0  # seconds close() waits for a pump thread
+
+T = TypeVar("T")
+_END = object()
+
+
+class AsyncStream:
+    """A MessageStream for `async for`; `await stream.next(timeout)` bounds a wait."""
+
+    def __init__(
+        self,
+        stream: MessageStream,
+        max_pending: int = MAX_PENDING,
+        on_done: Callable[[AsyncStream], object] | None = None,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, not {max_pending}")
+        self._stream = stream
+        self._on_done = on_done
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._room = threading.Semaphore(max_pending)  # bounds what waits in the queue
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._pump, name=f"amps-async-{stream.sub_id or 'stream'}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def sub_id(self) -> str | None:
+        """The subscription's id (None for a query)."""
+        return self._stream.sub_id
+
+    def _pump(self) -> None:
+        """Read the engine's stream on this thread; the stream is closed here too, so a
+        kafka:// replay is never closed under a poll in progress."""
+        end: object = _END
+        try:
+            while not self._stop.is_set():
+                if not self._room.acquire(timeout=TICK_INTERVAL):
+                    continue  # the application is MAX_PENDING behind: wait for it
+                try:
+                    message = self._stream.next(timeout=TICK_INTERVAL)
+                except StopIteration:
+                    self._room.release()
+                    return
+                if message is None:
+                    self._room.release()
+                    continue
+                self._hand(message)
+        except Exception as exc:  # the stream failed: the application gets the error
+            end = exc
+        finally:
+            self._stream.close()
+            self._hand(end)
+
+    def _hand(self, item: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self._stop.set()
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> Message:
+        item = await self._queue.get()
+        if isinstance(item, Message):
+            self._room.release()
+            return item
+        self._queue.put_nowait(item)  # the end: every later read ends the same way
+        self._done()
+        if isinstance(item, BaseException):
+            raise item
+        raise StopAsyncIteration
+
+    async def next(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None if none came within `timeout` seconds; the stream
+        stays open. Raises StopAsyncIteration once the stream has ended."""
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        """End the stream and its subscription."""
+        self._stop.set()
+        self._done()
+        await asyncio.to_thread(self._thread.join, JOIN_TIMEOUT)
+
+    def _done(self) -> None:
+        if self._on_done is not None:
+            self._on_done(self)
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncClient:
+    """A Client for asyncio: every command is awaitable, every stream async-iterable."""
+
+    def __init__(self, name: str | None = None, *, client: ClientBase | None = None) -> None:
+        """Give a name (a new Client) or a client to wrap (e.g. an HAClient)."""
+        if client is None:
+            if name is None:
+                raise ValueError("AsyncClient needs a name or a client")
+            client = Client(name)
+        self.client = client
+        self.name = client.name
+        self._commands = ThreadPoolExecutor(1, thread_name_prefix=f"amps-async-{self.name}")
+        self._streams: set[AsyncStream] = set()
+
+    async def _run(self, call: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """Run a client call on the command thread (one at a time, in order)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._commands, partial(call, *args, **kw))
+
+    async def _stream(
+        self, call: Callable[..., MessageStream], *args: Any, **kw: Any
+    ) -> AsyncStream:
+        return self._wrap(await self._run(call, *args, **kw))
+
+    def _wrap(self, stream: MessageStream) -> AsyncStream:
+        wrapped = AsyncStream(stream, on_done=self._streams.discard)
+        self._streams.add(wrapped)
+        return wrapped
+
+    # -- connection ----------------------------------------------------------------------
+    async def connect(self, uri: str) -> None:
+        """Client.connect."""
+        await self._run(self.client.connect, uri)
+
+    async def logon(self, timeout: float | None = None) -> None:
+        """Client.logon."""
+        await self._run(self.client.logon, timeout)
+
+    async def close(self) -> None:
+        """Close the streams, then the client (flushing what was published)."""
+        for stream in list(self._streams):
+            await stream.close()
+        self._streams.clear()
+        try:
+            await self._run(self.client.close)
+        finally:
+            self._commands.shutdown(wait=False)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- publishing ----------------------------------------------------------------------
+    async def publish(
+        self, topic: str, data: Any, expiration: float | None = None, **kw: Any
+    ) -> int:
+        """Client.publish: the sequence number. Persisted once publish_flush returns."""
+        return await self._run(self.client.publish, topic, data, expiration, **kw)
+
+    async def delta_publish(
+        self, topic: str, data: Any, expiration: float | None = None, **kw: Any
+    ) -> int:
+        """Client.delta_publish."""
+        return await self._run(self.client.delta_publish, topic, data, expiration, **kw)
+
+    async def sow_delete(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        keys: Iterable[str] | None = None,
+        data: Any = None,
+        **kw: Any,
+    ) -> list[int] | Message:
+        """Client.sow_delete."""
+        delete = self.client.sow_delete
+        return await self._run(delete, topic, filter, keys=keys, data=data, **kw)
+
+    async def publish_flush(self, timeout: float | None = None) -> None:
+        """Client.publish_flush: wait until Kafka persisted every publish."""
+        await self._run(self.client.publish_flush, timeout)
+
+    # -- receiving -----------------------------------------------------------------------
+    async def bookmark_subscribe(
+        self,
+        topic: str,
+        bookmark: str,
+        filter: str | None = None,
+        *,
+        until: str | None = None,
+        timeout: float | None = None,
+        sub_id: str | None = None,
+        options: str | None = None,
+    ) -> AsyncStream:
+        """Client.bookmark_subscribe, as an AsyncStream."""
+        return await self._stream(
+            self.client.bookmark_subscribe,
+            topic,
+            bookmark,
+            filter,
+            until=until,
+            timeout=timeout,
+            sub_id=sub_id,
+            options=options,
+        )
+
+    async def subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        options: str | None = None,
+        *,
+        sub_id: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncStream:
+        """Client.subscribe, as an AsyncStream."""
+        return await self._stream(
+            self.client.subscribe, topic, filter, options, sub_id=sub_id, timeout=timeout
+        )
+
+    async def sow_and_subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        options: str | None = None,
+        *,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        sub_id: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncStream:
+        """Client.sow_and_subscribe, as an AsyncStream."""
+        return await self._stream(
+            self.client.sow_and_subscribe,
+            topic,
+            filter,
+            options,
+            order_by=order_by,
+            top_n=top_n,
+            batch_size=batch_size,
+            sub_id=sub_id,
+            timeout=timeout,
+        )
+
+    async def sow(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        timeout: float | None = None,
+    ) -> AsyncStream:
+        """Client.sow, as an AsyncStream."""
+        return await self._stream(
+            self.client.sow,
+            topic,
+            filter,
+            order_by=order_by,
+            top_n=top_n,
+            batch_size=batch_size,
+            timeout=timeout,
+        )
+
+    async def unsubscribe(self, sub_id: str = "all") -> None:
+        """Client.unsubscribe."""
+        await self._run(self.client.unsubscribe, sub_id)
+
+    async def execute(self, command: Command) -> Any:
+        """Client.execute; a command with a stream gives an AsyncStream."""
+        result = await self._run(self.client.execute, command)
+        return self._wrap(result) if isinstance(result, MessageStream) else result
+
+    # -- queues ----------------------------------------------------------------------------
+    async def ack(
+        self,
+        topic: str,
+        bookmarks: str | Iterable[str],
+        option: str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Message:
+        """Client.ack: returns once the gateway made the acks durable."""
+        return await self._run(self.client.ack, topic, bookmarks, option, timeout=timeout)
+
+    async def flush_acks(self) -> None:
+        """Client.flush_acks: send the acks message.ack() batched."""
+        await self._run(self.client.flush_acks)
+
+    async def heartbeat(self, timeout: float | None = None) -> None:
+        """Client.heartbeat."""
+        await self._run(self.client.heartbeat, timeout)

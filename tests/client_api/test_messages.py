@@ -1,0 +1,105 @@
+"""One Message type: every transport and command, the same attributes; COMPLETED too."""
+
+from __future__ import annotations
+
+import pytest
+
+from amps_on_kafka import COMPLETED, Message
+from amps_on_kafka.client.message import GatewayMessage
+from amps_on_kafka.errors import MessageError
+from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.message import LogMessage
+
+ATTRIBUTES = (
+    "command",
+    "topic",
+    "logical_topic",
+    "data",
+    "payload",
+    "raw",
+    "bookmark",
+    "timestamp",
+    "sow_key",
+    "sow_keys",
+    "filter",
+    "expiration",
+    "correlation_id",
+    "sub_id",
+    "publisher_id",
+    "sequence",
+    "reason",
+    "lease_period",
+    "ack_type",
+    "status",
+    "matches",
+)
+
+
+def every_kind() -> list[Message]:
+    headers = [("p", b"pub-1"), ("s", b"17"), ("k", b"4")]
+    log = LogMessage("orders", 1, 5, 1_700_000_000_000, b'{"id": 4}', headers, JSON)
+    oof = GatewayMessage("oof", "orders", {"bm": "orders|0|3|", "reason": "deleted"}, b"{}", "s1")
+    return [log, oof, GatewayMessage("ack", "orders", {"a": "processed", "status": "success"})]
+
+
+@pytest.mark.parametrize("message", [*every_kind(), COMPLETED], ids=repr)
+def test_every_message_has_every_attribute(message):
+    assert isinstance(message, Message)
+    values = {name: getattr(message, name) for name in ATTRIBUTES}
+    assert isinstance(values["command"], str)
+
+
+def test_a_log_record_and_a_gateway_message_read_alike():
+    log, oof, _ = every_kind()
+    assert (log.bookmark, log.publisher_id, log.sequence, log.sow_key) == (
+        "orders|1|5|",
+        "pub-1",
+        17,
+        "4",
+    )
+    assert (log.data, log.payload, log.reason) == ({"id": 4}, b'{"id": 4}', None)
+    assert (oof.reason, oof.sub_id, oof.data, oof.raw) == ("deleted", "s1", {}, b"{}")
+
+
+def test_completed_is_a_message_with_nothing_to_ack_or_discard():
+    assert (COMPLETED.command, COMPLETED.ack_type, COMPLETED.bookmark, COMPLETED.data) == (
+        "ack",
+        "completed",
+        None,
+        None,
+    )
+    COMPLETED.ack()
+    COMPLETED.discard()
+
+
+def test_ack_and_discard_say_why_they_do_not_apply():
+    log, oof, _ = every_kind()
+    with pytest.raises(MessageError, match="only messages of a queue subscription"):
+        log.ack()
+    with pytest.raises(MessageError, match=r"call client\.set_bookmark_store"):
+        log.discard()
+    with pytest.raises(MessageError, match="not delivered by a subscription"):
+        oof.ack()
+
+
+def test_bookmark_subscribe_delivers_messages_alike_on_both_transports(
+    uri, connect, topic_factory
+):
+    """The README's loop runs through COMPLETED; sub_id, publisher_id and sequence are
+    there whichever transport delivered the message."""
+    topic = topic_factory(1, key=("/id",))
+    client = connect(uri)
+    sequences = [client.publish(topic, {"id": n}) for n in range(3)]
+    client.publish_flush(30)
+    seen = []
+    with client.bookmark_subscribe(topic, "0", sub_id="alike", timeout=30) as stream:
+        for message in stream:
+            seen.append((message.bookmark, message.data))  # COMPLETED reads too
+            if message is COMPLETED:
+                break
+            assert isinstance(message, Message)
+            assert (message.sub_id, message.publisher_id) == ("alike", client.name)
+            assert (message.topic, message.command) == (topic, "publish")
+            assert message.sequence == sequences[len(seen) - 1]
+            assert message.timestamp is not None
+    assert seen == [(f"{topic}|0|{n}|", {"id": n}) for n in range(3)] + [(None, None)]

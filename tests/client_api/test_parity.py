@@ -1,0 +1,51 @@
+"""HAClient is a Client: the same public methods with the same signatures, plus reconnect."""
+
+from __future__ import annotations
+
+import inspect
+
+from amps_on_kafka import COMPLETED, Command, HAClient
+from amps_on_kafka.client import Client, ClientBase, MessageStream
+
+
+def public_methods(cls: type) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(member)
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_")
+    }
+
+
+def test_ha_client_has_every_client_method_with_the_same_signature():
+    client, ha = public_methods(Client), public_methods(HAClient)
+    assert set(client) <= set(ha)
+    assert {name: ha[name] for name in client} == client
+    assert set(ha) - set(client) == {"connect_and_logon", "reconnect"}
+    assert set(public_methods(ClientBase)) == set(client)
+
+
+def test_every_public_method_has_a_docstring():
+    for cls in (Client, HAClient):
+        for name, member in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_"):
+                assert inspect.getdoc(member), f"{cls.__name__}.{name}"
+
+
+def test_an_ha_client_is_used_as_a_client_on_both_transports(uri, topic_factory):
+    topic = topic_factory(1)
+    with HAClient("ha-api") as ha:
+        ha.connect(uri)
+        ha.logon(30)
+        ha.execute(Command("publish").set_topic(topic).set_data({"n": 1}))
+        ha.publish_flush(30)
+        stream = ha.bookmark_subscribe(topic, "0", sub_id="ha")
+        assert isinstance(stream, MessageStream)
+        assert stream.next(timeout=30).data == {"n": 1}
+        assert stream.next(timeout=30) is COMPLETED
+        assert stream.next(timeout=0.2) is None
+        ha.unsubscribe("ha")
+        assert stream.ended
+        if uri.startswith("tcp"):
+            ha.heartbeat(30)
+        else:
+            assert ha.sow_delete(topic, keys=["1"]) != []  # Client's result: the sequences

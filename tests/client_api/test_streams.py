@@ -1,0 +1,53 @@
+"""Bounded waits: `stream.next(timeout)` gives up and leaves the stream open."""
+
+from __future__ import annotations
+
+import pytest
+
+from amps_on_kafka import COMPLETED, NOW
+from amps_on_kafka.client.message import GatewayMessage
+from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.log.controls import TICK
+
+
+def test_next_returns_none_at_a_tick_past_its_deadline_and_goes_on_after():
+    message = GatewayMessage("publish", "t", {"bm": "t|0|0|"})
+    closed = []
+    stream = MessageStream(iter([TICK, TICK, message]), lambda: closed.append(1))
+    assert stream.next(timeout=0) is None
+    assert not stream.ended
+    assert stream.next() is message  # the second tick is skipped: no deadline
+    with pytest.raises(StopIteration):
+        stream.next(timeout=0)
+    assert stream.ended and closed == [1]
+
+
+def test_iterating_leaves_ticks_out_and_a_break_leaves_the_stream_open():
+    items = [GatewayMessage("publish", "t", {"bm": f"t|0|{n}|"}) for n in range(3)]
+    stream = MessageStream(iter([TICK, items[0], TICK, items[1], items[2]]), lambda: None)
+    for message in stream:
+        assert message is items[0]
+        break
+    assert list(stream) == items[1:]
+    assert stream.ended
+
+
+def test_a_quiet_subscription_times_out_and_stays_open(uri, connect, topic_factory):
+    topic = topic_factory(1)
+    client = connect(uri)
+    with client.bookmark_subscribe(topic, NOW) as stream:
+        assert stream.next(timeout=30) is COMPLETED
+        assert stream.next(timeout=0.3) is None
+        assert not stream.ended
+        client.publish(topic, {"n": 1})
+        client.publish_flush(30)
+        message = stream.next(timeout=30)
+        assert message is not None and message.data == {"n": 1}
+
+
+def test_the_idle_timeout_still_ends_the_stream(uri, connect, topic_factory):
+    topic = topic_factory(1)
+    client = connect(uri)
+    with client.bookmark_subscribe(topic, NOW, timeout=0.5) as stream:
+        assert list(stream) == [COMPLETED]
+        assert stream.ended

@@ -1,0 +1,152 @@
+"""Three styles on one engine: iterators, message handlers, asyncio; both transports."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from amps_on_kafka import COMPLETED, AsyncClient, Command, Message
+from amps_on_kafka.client.aio import AsyncStream
+from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.log.controls import TICK
+from tests.client_api.conftest import wait_for
+
+
+class Collector:
+    """A handler that keeps what it gets and fails on the first message."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.done = threading.Event()
+
+    def __call__(self, message: Message) -> None:
+        self.messages.append(message)
+        if message is COMPLETED:
+            self.done.set()
+        if len(self.messages) == 1:
+            raise RuntimeError("a handler's own bug")
+
+
+def test_handlers_survive_their_exceptions_and_stop_on_unsubscribe(
+    uri, connect, topic_factory, caplog
+):
+    topic = topic_factory(1)
+    client = connect(uri)
+    for n in range(3):
+        client.publish(topic, {"n": n})
+    client.publish_flush(30)
+    handler = Collector()
+    with caplog.at_level(logging.ERROR, logger="amps_on_kafka.client.handlers"):
+        sub_id = client.bookmark_subscribe(topic, "0", sub_id="h", on_message=handler)
+        assert sub_id == "h"
+        assert handler.done.wait(30)
+    assert [m.data for m in handler.messages] == [{"n": 0}, {"n": 1}, {"n": 2}, None]
+    assert "a handler's own bug" in caplog.text
+    thread = next(t for t in threading.enumerate() if t.name == "amps-handler-h")
+    client.unsubscribe("h")
+    assert not thread.is_alive()
+    again = Collector()  # the sub_id is free again: the subscription ended
+    command = Command("subscribe").set_topic(topic).set_bookmark("0").set_sub_id("h")
+    assert client.execute_async(command, again) == "h"
+    assert again.done.wait(30)
+    assert len(again.messages) == 4
+
+
+def test_a_live_subscription_feeds_its_handler(bare_gateway, connect, topic_factory):
+    """subscribe(topic, on_message=...) over tcp:// (live subscriptions need a gateway)."""
+    topic = topic_factory(1)
+    client = connect(f"tcp://{bare_gateway.address}/amps/json")
+    got: list[Message] = []
+    sub_id = client.subscribe(topic, on_message=got.append)
+    client.publish(topic, {"n": 1})
+    client.publish_flush(30)
+    wait_for(lambda: len(got) == 1)
+    assert (got[0].data, got[0].sub_id) == ({"n": 1}, sub_id)
+    client.unsubscribe(sub_id)
+
+
+def test_execute_async_of_a_publish_runs_it_and_returns_an_id(uri, connect, topic_factory):
+    topic = topic_factory(1)
+    client = connect(uri)
+    got: list[Message] = []
+    publish = Command("publish").set_topic(topic).set_data({"n": 1})
+    command_id = client.execute_async(publish, got.append)
+    assert command_id and got == []  # a publish has no ack message to give
+    client.publish_flush(30)
+    with client.bookmark_subscribe(topic, "0") as stream:
+        assert next(stream).data == {"n": 1}
+
+
+def test_asyncio_publishes_streams_and_waits_bounded(uri, topic_factory):
+    topic = topic_factory(1)
+
+    async def run() -> list[object]:
+        async with AsyncClient("async-api") as client:
+            await client.connect(uri)
+            await client.logon(30)
+            sequences = [await client.publish(topic, {"n": n}) for n in range(3)]
+            assert sequences == sorted(sequences)
+            await client.publish_flush(30)
+            seen: list[object] = []
+            async with await client.bookmark_subscribe(topic, "0") as stream:
+                async for message in stream:
+                    seen.append(message.data)
+                    if message is COMPLETED:
+                        break
+                assert await stream.next(timeout=0.3) is None  # open, nothing new
+                await client.publish(topic, {"n": 3})
+                await client.publish_flush(30)
+                late = await stream.next(timeout=30)
+                seen.append(late.data if late is not None else "timed out")
+            return seen
+
+    assert asyncio.run(run()) == [{"n": 0}, {"n": 1}, {"n": 2}, None, {"n": 3}]
+
+
+def test_an_async_stream_runs_at_most_max_pending_ahead():
+    """The pump stops reading once max_pending messages wait for the application."""
+    pulled: list[int] = []
+
+    def source():
+        for n in range(10):
+            pulled.append(n)
+            yield COMPLETED
+        while True:
+            yield TICK
+
+    async def run() -> tuple[int, int]:
+        stream = AsyncStream(MessageStream(source(), lambda: None), max_pending=2)
+        await asyncio.to_thread(wait_for, lambda: len(pulled) >= 2)
+        await asyncio.sleep(0.3)  # a few ticks of the pump: it must not read on
+        held = len(pulled)
+        await stream.next(timeout=30)  # one taken: room for one more
+        await asyncio.to_thread(wait_for, lambda: len(pulled) >= 3)
+        await stream.close()
+        return held, len(pulled)
+
+    assert asyncio.run(run()) == (2, 3)
+
+
+def test_the_three_styles_query_a_worker_alike(served, connect):
+    """sow over tcp:// as an iterator, through a handler and with asyncio."""
+    client = connect(served.uri)
+    for n in range(3):
+        client.publish(served.topic, {"id": n, "qty": n * 10})
+    client.publish_flush(30)
+
+    def rows(messages) -> list[object]:
+        return sorted(m.data["id"] for m in messages)
+
+    wait_for(lambda: rows(client.sow(served.topic, timeout=30)) == [0, 1, 2])
+    got: list[Message] = []
+    query = Command("sow").set_topic(served.topic).set_filter("/qty >= 10")
+    client.execute_async(query, got.append)
+    wait_for(lambda: rows(got) == [1, 2])
+
+    async def run() -> list[object]:
+        async with AsyncClient(client=connect(served.uri)) as aclient:
+            stream = await aclient.sow(served.topic, "/qty < 20")
+            return rows([m async for m in stream])
+
+    assert asyncio.run(run()) == [0, 1]
