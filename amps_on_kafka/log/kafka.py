@@ -124,14 +124,27 @@ _STATE_SUFFIX = re.compile(r"\s*\(after \d+ms in state \w+\)$")
 
 
 class ConnectionErrors:
-    """An error_cb for a client that is connecting: keeps the last error librdkafka
-    reported and the first decisive one (_DECISIVE), for a one-line reason why it could
-    not connect. Errors reach it when the client is polled."""
+    """An error_cb (and logger) for a client that is connecting: keeps the last error
+    librdkafka reported and the first decisive one (_DECISIVE), for a one-line reason why
+    it could not connect. Errors reach it when the client is polled.
+
+    Some failures are only logged: a broker that closes the connection at the first
+    request (a TLS or SASL listener spoken to in plaintext) gives no error, only FAIL log
+    lines, so as the client's logger this keeps the last of those too, and passes every
+    line on to LIBRDKAFKA_LOG.
+    """
 
     def __init__(self, bootstrap: str) -> None:
         self._properties = properties_of(bootstrap)  # secrets to scrub from the texts
         self.last: KafkaError | None = None
         self.decisive: KafkaError | None = None
+        self.failure: str | None = None  # the last FAIL log line's text
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        LIBRDKAFKA_LOG.log(level, msg, *args)
+        text = msg % args if args else msg
+        if text.startswith("FAIL "):
+            self.failure = text.partition("]: ")[2]
 
     def __call__(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
@@ -144,11 +157,21 @@ class ConnectionErrors:
         """Why the client could not connect, in one line (the decisive error if there
         is one, else the last), or None if librdkafka said nothing."""
         error = self.decisive or self.last
-        if error is None:
+        if error is None and self.failure is None:
             return None
-        text = scrub(_STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", error.str())), self._properties)
-        what = _DECISIVE.get(error.code())
-        return f"{what}: {text}" if what else text
+        text = error.str() if error is not None else self.failure or ""
+        hint = _PLAINTEXT_HINT if error is None and "state APIVERSION_QUERY" in text else ""
+        text = scrub(_STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", text)), self._properties)
+        what = _DECISIVE.get(error.code()) if error is not None else None
+        return (f"{what}: {text}" if what else text) + hint
+
+
+# A broker that closes the connection at a client's first request (ApiVersion) most often
+# has a listener that wants TLS or SASL while the client speaks plaintext.
+_PLAINTEXT_HINT = (
+    " at the first request: does its listener want TLS or SASL (security.protocol in "
+    "--kafka-config or Kafka.Properties)?"
+)
 
 
 _PROBE_CONFIG = {
@@ -175,7 +198,8 @@ def await_answer(
     librdkafka's reports, and a decisive one (credentials refused, TLS handshake failed)
     ends the wait at once: retrying can't help.
     """
-    admin = admin_client(bootstrap, **_PROBE_CONFIG, **({"error_cb": errors} if errors else {}))
+    watch = {"error_cb": errors, "logger": errors} if errors is not None else {}
+    admin = admin_client(bootstrap, **_PROBE_CONFIG, **watch)
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0 and alive():
         try:

@@ -92,6 +92,7 @@ def test_a_worker_and_the_client_api_over_sasl_ssl(secured_kafka, tmp_path, monk
 
 def test_a_spark_export_reads_over_sasl_ssl(secured_kafka, tmp_path):
     """The Spark tasks get the properties as kafka.* options and read every record."""
+    pytest.importorskip("pyspark", reason="the spark extra")
     pq = pytest.importorskip("pyarrow.parquet")
     config = ("--kafka-config", str(secured_kafka.properties_file))
     topic = f"secured-spark-{uuid.uuid4().hex[:8]}"
@@ -129,10 +130,19 @@ def test_wrong_credentials_or_an_untrusted_ca_are_one_clear_line(secured_kafka, 
     assert all(part in line for part in expected), line
     assert secured_kafka.password not in result.output
     assert seconds < CLEAR_ERROR
-    with Client("refused") as client:
+    with Client("refused") as client:  # the client API says the same
         client.connect(f"kafka://{secured_kafka.bootstrap}", kafka_config=bad)
         with pytest.raises(TransportError, match=expected[0]):
             client.logon(timeout=CLEAR_ERROR)
+
+
+def test_plaintext_against_the_secured_listener_says_what_to_check(secured_kafka):
+    """The broker just hangs up on a plaintext client; the line says why that may be."""
+    result = cli("topics", "list", "--bootstrap", str(secured_kafka.bootstrap))
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert f"no Kafka broker answers at {secured_kafka.bootstrap}" in line
+    assert "does its listener want TLS or SASL (security.protocol" in line
 
 
 def _by_reference(secured) -> dict[str, str]:
