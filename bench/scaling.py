@@ -4,10 +4,10 @@
 
 - failover: two workers share a 4-partition topic holding `--per-partition` distinct
   keys per partition; one is SIGKILLed. Measured: from the kill until a query through
-  the other gateway is answered in full (its partitions moved, were restored from the
-  log, and announced), with the session timeout given; then the same with the killed
-  worker restarted at once on its state directory with its instance id (static
-  membership: no wait for the session timeout).
+  the other gateway is answered in full (its partitions moved, were restored, and
+  announced), with the session timeout given; then the same with the killed worker
+  restarted at once on its state directory with its instance id (static membership:
+  no wait for the session timeout). Both without and with standby copies.
 - apply: the same topic restored by 1, 2 and 4 workers of a new group on empty state
   directories, from launch until every partition serves, as records per second and
   the ratio to one worker.
@@ -77,10 +77,10 @@ def apply_rate(servers: str, topic: str, records: int, workers: int, base: Path)
             worker.stop()
 
 
-def failover(servers: str, topic: str, session_timeout: float, base: Path) -> float:
+def failover(servers: str, topic: str, session_timeout: float, base: Path, standby: bool) -> float:
     """Prints the seconds until served through the other gateway after a kill; returns
     those until served again after a kill and an immediate restart."""
-    config = write_config(base / "worker.yaml", topic, PARTITIONS, session_timeout)
+    config = write_config(base / "worker.yaml", topic, PARTITIONS, session_timeout, standby)
     group = group_of(2, config, servers, base)
     try:
         for worker in group:
@@ -91,8 +91,8 @@ def failover(servers: str, topic: str, session_timeout: float, base: Path) -> fl
         group[0].kill()
         moved = served(addresses[1], topic) - killed
         print(
-            f"failover, SessionTimeout {session_timeout:g}s: served by the other worker "
-            f"{moved:.1f}s after the kill",
+            f"failover, SessionTimeout {session_timeout:g}s, Standby {standby}: served by "
+            f"the other worker {moved:.1f}s after the kill",
             flush=True,
         )
         served(addresses[1], topic)
@@ -113,6 +113,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench scaling")
     parser.add_argument("--per-partition", type=int, default=100_000)
     parser.add_argument("--session-timeout", type=float, default=2.0)
+    parser.add_argument("--no-apply", action="store_true", help="failover figures only")
     args = parser.parse_args(argv)
     servers = bootstrap()
     records = args.per_partition * PARTITIONS
@@ -120,11 +121,17 @@ def main(argv: list[str]) -> None:
     fill(servers, topic, records)
     print(f"{topic}: {records:,} records, {args.per_partition:,} keys per partition")
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
-        (Path(tmp) / "failover").mkdir()
-        back = failover(servers, topic, args.session_timeout, Path(tmp) / "failover")
-        print(f"kill and restart (static membership): served again {back:.1f}s after the kill")
+        for standby in (False, True):
+            base = Path(tmp) / f"failover-{standby}"
+            base.mkdir()
+            back = failover(servers, topic, args.session_timeout, base, standby)
+            print(
+                f"kill and restart (static membership), Standby {standby}: served again "
+                f"{back:.1f}s after the kill",
+                flush=True,
+            )
         rates = {}
-        for workers in (1, 2, 4):
+        for workers in () if args.no_apply else (1, 2, 4):
             base = Path(tmp) / f"apply{workers}"
             base.mkdir(parents=True)
             rates[workers] = apply_rate(servers, topic, records, workers, base)

@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     field_serializer,
     field_validator,
     model_validator,
@@ -224,6 +225,19 @@ class AuthenticationConfig(_Strict):
     # FailureDelay, doubled per further failure, up to MaxFailureDelay.
     failure_delay: Seconds = Field(0.5, alias="FailureDelay", ge=0)
     max_failure_delay: Seconds = Field(30.0, alias="MaxFailureDelay", ge=0)
+    # What the gateways of one group log on to each other with (server/cluster.py); the
+    # same on every worker. ${env:NAME} and ${file:PATH} are resolved at load.
+    peer_secret: SecretStr | None = Field(None, alias="PeerSecret")
+
+    @field_validator("peer_secret", mode="before")
+    @classmethod
+    def _resolve_secret(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        secret = resolve_all({"PeerSecret": value})["PeerSecret"]
+        if len(secret) < 16:
+            raise ValueError("PeerSecret must be at least 16 characters")
+        return secret
 
 
 def check_topic_pattern(pattern: str) -> str:
@@ -343,6 +357,9 @@ class WorkerConfig(_Strict):
     # brokers refuse less than their group.min.session.timeout.ms (6 s by default; the
     # project's local broker allows 1 s).
     session_timeout: Seconds = Field(6.0, alias="SessionTimeout", ge=1, le=1800)
+    # Standby replicas (docs/scaling.md): also apply the partitions other workers own,
+    # so one that moves here serves within a moment instead of replaying its log.
+    standby: bool = Field(False, alias="Standby")
 
 
 Semantics = Literal["at-least-once", "at-most-once"]

@@ -60,6 +60,7 @@ from amps_on_kafka.processor.dead_letters import (
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.processor.repartition import Repartitioner, consumed_topic
+from amps_on_kafka.processor.standby import Standby
 from amps_on_kafka.processor.startup import StateDirLock, check_serves_something, check_topics
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
 from amps_on_kafka.state.record import NEVER, pack_record
@@ -71,6 +72,7 @@ log = logging.getLogger(__name__)
 DEFAULT_GROUP = "amps-kafka-workers"
 BATCH_SIZE = 5000
 MAX_IDLE_WAIT = 0.05  # seconds: bounds expiration lag when no records arrive
+ENDS_EVERY = 0.5  # seconds between notes of the log ends, which lag() reports against
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # seconds a partition waits to retry its dead letters
 
 
@@ -130,11 +132,15 @@ class Worker:
         self._lock = StateDirLock(self.state_dir)
         self.outage = OutageWatch(bootstrap)  # logs an outage of the consumer's brokers
         self._group_consumer: Consumer | None = None
+        self._standby: Standby | None = None
         # Partitions held on a record whose dead letter failed: when each tries again, and
         # the wait after that (doubling up to RETRY_MAX).
         self._held: dict[tuple[str, int], tuple[float, float]] = {}
         self._failure: BaseException | None = None
         self._next_flush = time.monotonic() + config.state.flush_every
+        # each owned partition's log end, as last fetched (lag()); noted by _note_ends
+        self._ends: dict[tuple[str, int], int] = {}
+        self._next_ends = 0.0
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -172,23 +178,35 @@ class Worker:
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Per owned partition, the records between its store and the log end as the
-        consumer last heard it from the broker (its cached watermark: no request, so any
-        thread may ask, at any rate). A partition whose end isn't known yet is left out.
+        consumer last heard it from the broker (noted by the loop, _note_ends), so any
+        thread may ask, at any rate. A partition whose end isn't known yet is left out.
         Under the engine lock: a revoked store is closed only once detached from it."""
-        consumer = self._group_consumer
-        if consumer is None:
-            return {}
+        ends = self._ends
         lags = {}
         with self.engine.lock:
             for store in self.engine.stores():
-                tp = TopicPartition(self._consumed(store.topic), store.partition)
-                try:
-                    _, end = consumer.get_watermark_offsets(tp, cached=True)
-                except (KafkaException, RuntimeError):  # RuntimeError: closed meanwhile
-                    return {}
-                if end >= 0:
+                end = ends.get((store.topic, store.partition))
+                if end is not None:
                     lags[(store.topic, store.partition)] = max(0, end - (store.next_offset() or 0))
         return lags
+
+    def _note_ends(self) -> None:
+        """Every ENDS_EVERY (and while a partition's end is not known), note each owned
+        partition's log end as the consumer last fetched it (a cached watermark: no
+        request), for lag(). Here, on the loop's own thread: the consumer must not be
+        called from others while it consumes (a cached get_watermark_offsets from another
+        thread waited 40 s behind consume())."""
+        now, stores, known = time.monotonic(), self.engine.stores(), self._ends
+        if now < self._next_ends and all((s.topic, s.partition) in known for s in stores):
+            return
+        self._next_ends = now + ENDS_EVERY
+        consumer, ends = self._group_consumer, {}
+        for store in stores:
+            tp = TopicPartition(self._consumed(store.topic), store.partition)
+            _, end = consumer.get_watermark_offsets(tp, cached=True)  # type: ignore[union-attr]
+            if end >= 0:
+                ends[(store.topic, store.partition)] = end
+        self._ends = ends
 
     def wait_caught_up(
         self, topic: str, ends: dict[int, int], timeout: float = 60.0, owned_only: bool = False
@@ -249,6 +267,8 @@ class Worker:
                 self.queues.stop()
             return
         consumer = self._group_consumer = self._consumer()
+        if self.config.worker.standby:  # warm copies of the others' partitions
+            self._standby = Standby(self)
         try:
             for repartitioner in self.repartitioners:
                 repartitioner.start()  # stopped with the loop, in the finally below
@@ -266,11 +286,16 @@ class Worker:
                     del records
                     self._expire_due()
                 self._flush_due()
+                self._note_ends()
                 self._release_held()
                 self._check_restored(consumer)
+                if self._standby is not None:
+                    self._standby.step()
         finally:
             for repartitioner in self.repartitioners:
                 repartitioner.stop()
+            if self._standby is not None:
+                self._standby.close()
             consumer.close()  # revokes, which closes every store
             self._dead_letters.close()
             if self.queues is not None:
@@ -310,6 +335,8 @@ class Worker:
             self._place(consumer, topic)
         resumed = []
         for tp in partitions:
+            if self._standby is not None:  # its warm copy becomes the active store
+                self._standby.release(self._logical[tp.topic], tp.partition)
             store = self._open(self._logical[tp.topic], tp.partition, self._end_of(consumer, tp))
             stored = store.next_offset()
             tp.offset = stored if stored is not None else OFFSET_BEGINNING

@@ -5,7 +5,8 @@ Three `amps-kafka worker` processes share a 4-partition SOW topic. While a publi
 updates every key again and again, one thread queries through every live gateway and
 one follows a sow_and_subscribe through the worker that is never killed. Two workers
 are SIGKILLed in turn, then the first restarted on its state directory (static
-membership). Every answer must be complete (all keys: the keys exist before the storm
+membership). w1 and w2 keep standby copies of the partitions they don't own, w0 doesn't.
+Every answer must be complete (all keys: the keys exist before the storm
 and are never deleted) or refused with a reason starting "retry:". At the end the SOW
 through every gateway, and the fold of the subscription's stream, equal the fold of
 the log; a sow_delete through one gateway counts every worker's deletions. Takes
@@ -161,9 +162,13 @@ class Follower:
 @pytest.mark.timeout(240)
 def test_three_workers_answer_for_the_whole_topic_through_kills(bootstrap, topic_factory, tmp_path):
     topic = topic_factory(PARTITIONS, key=("/id",))
-    config = write_config(tmp_path / "worker.yaml", topic, PARTITIONS, SESSION_TIMEOUT)
+    plain = write_config(tmp_path / "plain.yaml", topic, PARTITIONS, SESSION_TIMEOUT)
+    standby = write_config(tmp_path / "standby.yaml", topic, PARTITIONS, SESSION_TIMEOUT, True)
     group = f"scaling-{uuid.uuid4().hex[:8]}"
-    workers = [WorkerProcess(f"w{i}", config, bootstrap, group, tmp_path) for i in range(3)]
+    workers = [  # w0 restores moved partitions from the log, w1 and w2 keep standby copies
+        WorkerProcess(f"w{i}", plain if i == 0 else standby, bootstrap, group, tmp_path)
+        for i in range(3)
+    ]
     storm = Storm(bootstrap, topic)
     queries = Queries(workers, topic)
     try:

@@ -16,12 +16,14 @@ import yaml
 ROOT = Path(__file__).parents[2]
 
 
-def write_config(path: Path, topic: str, partitions: int, session_timeout: float) -> Path:
+def write_config(
+    path: Path, topic: str, partitions: int, session_timeout: float, standby: bool = False
+) -> Path:
     """A config serving one SOW topic keyed by /id, anonymous logons (a test's)."""
     config = {
         "Topics": [{"Name": topic, "Partitions": partitions}],
         "SOW": [{"Topic": topic, "Key": "/id"}],
-        "Worker": {"SessionTimeout": session_timeout},
+        "Worker": {"SessionTimeout": session_timeout, "Standby": standby},
         "Authentication": {"Anonymous": True},
     }
     path.write_text(yaml.safe_dump(config))
