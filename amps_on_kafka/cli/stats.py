@@ -134,7 +134,12 @@ def _leases(subscribers: list[dict[str, Any]]) -> str:
 
 
 def _partitions(partitions: list[dict[str, Any]]) -> str:
-    return " ".join(f"{p['partition']}@{p['applied']}" for p in partitions)
+    """`partition@applied offset` each (`-`: nothing applied yet)."""
+    return " ".join(f"{p['partition']}@{_or_dash(p['applied'])}" for p in partitions)
+
+
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
 
 
 def table(headers: list[str], rows: list[Sequence[Any]]) -> str:
