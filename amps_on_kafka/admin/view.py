@@ -14,6 +14,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ LOOP_TIMEOUT = 5.0  # seconds the gateway's loop may take to answer (it never bl
 QUEUE_COUNTS = ("delivered", "redelivered", "ack", "expire", "taken", "dead_lettered")
 
 
+@cache
 def package_version() -> str:
     try:
         return version("amps_on_kafka")
