@@ -41,7 +41,8 @@ from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config
 from amps_on_kafka.log.kafka import log_producer
 from amps_on_kafka.processor.engine import SowEngine
-from amps_on_kafka.processor.queues import QueueEngine, now_ms
+from amps_on_kafka.processor.queue_runtime import now_ms
+from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.server.gateway import Gateway
 from bench.common import Result, bootstrap, documents, encoded_size, new_topic, report
 from bench.log import raw_consume

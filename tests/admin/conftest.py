@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from amps_on_kafka.admin import AdminServer, Sources
 from amps_on_kafka.config import Config
 from amps_on_kafka.log.registry import TopicSpec
-from amps_on_kafka.processor.queues import events_topic
+from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import create_topic, delete_topics

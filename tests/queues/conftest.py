@@ -17,7 +17,8 @@ from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.processor.engine import SowEngine
-from amps_on_kafka.processor.queues import QueueEngine, QueueMessage, events_topic
+from amps_on_kafka.processor.queue_runtime import events_topic
+from amps_on_kafka.processor.queues import QueueEngine, QueueMessage
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import delete_topics

@@ -11,7 +11,8 @@ from confluent_kafka import TopicPartition
 
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.kafka import reader
-from amps_on_kafka.processor.queues import QueueEngine, events_topic
+from amps_on_kafka.processor.queue_runtime import events_topic
+from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.state.queue import QueueState
 from amps_on_kafka.state.queue_store import decode_events
 from amps_on_kafka.state.queue_types import (

@@ -18,8 +18,9 @@ from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
 from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.log.registry import TopicSpec
-from amps_on_kafka.processor import queues
-from amps_on_kafka.processor.queues import GROUP_PREFIX, QueueEngine, events_topic
+from amps_on_kafka.processor import queue_runtime
+from amps_on_kafka.processor.queue_runtime import GROUP_PREFIX, events_topic
+from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.state.queue_types import EventKind
 from tests.conftest import create_topic, delete_topics
 from tests.queues.conftest import Inbox
@@ -293,7 +294,7 @@ def test_a_topic_created_later_that_underlying_topic_matches_joins_the_queue(
 ):
     """UnderlyingTopic is a regular expression: the queue takes in a matching topic
     created while it runs, from the topic's first message, without a restart."""
-    monkeypatch.setattr(queues, "DISCOVER_EVERY", 0.1)
+    monkeypatch.setattr(queue_runtime, "DISCOVER_EVERY", 0.1)
     first = topic_factory(1)
     queue_options = {"UnderlyingTopic": f"^{first}(_later)?$", "DefaultPublishTarget": first}
     config = Config.model_validate(

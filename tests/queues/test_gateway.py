@@ -11,7 +11,7 @@ import pytest
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import MessageError, PublishError, ServerError
 from amps_on_kafka.log.registry import TopicSpec
-from amps_on_kafka.processor.queues import events_topic
+from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.worker import Worker
 from tests.conftest import create_topic, delete_topics
 from tests.queues.helpers import event_records, eventually, take

@@ -15,7 +15,7 @@ from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.log.topics import create_from_config
-from amps_on_kafka.processor.queues import events_topic
+from amps_on_kafka.processor.queue_runtime import events_topic
 from tests.conftest import create_topic, delete_topics
 from tests.queues.helpers import eventually
 
