@@ -5,7 +5,8 @@ Above processor/ and server/, which it reads and which know nothing of it: they 
 plain ints, and this package turns the counts into views when asked.
 """
 
+from amps_on_kafka.admin.auth import BasicAuth
 from amps_on_kafka.admin.server import AdminServer, not_ready
 from amps_on_kafka.admin.view import Sources
 
-__all__ = ["AdminServer", "Sources", "not_ready"]
+__all__ = ["AdminServer", "BasicAuth", "Sources", "not_ready"]

@@ -11,6 +11,10 @@
 A WSGI app (prometheus-client's own for /metrics) on the standard library's server, one
 thread per request, all daemon threads: nothing here runs on the worker's loop or the
 gateway's event loop, which it only reads from (view.py says how).
+
+Bounds: at most `max_requests` (MAX_REQUESTS) requests are served at once; a connection
+beyond them is closed unanswered. A request must arrive within REQUEST_TIMEOUT, so a
+client that connects and sends nothing holds its place no longer than that.
 """
 
 from __future__ import annotations
@@ -36,19 +40,41 @@ log = logging.getLogger(__name__)
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
-# The hook for the gateway's Authentication (the security work): given the request's
-# WSGI environ, True lets it through. /health and /ready stay open for load balancers.
+# Given a request's WSGI environ, True lets it through (auth.py's BasicAuth asks the
+# gateway's Authentication). /health and /ready stay open for load balancers.
 Authorize = Callable[[Environ], bool]
 OPEN_PATHS = ("/health", "/ready")
+MAX_REQUESTS = 16
+REQUEST_TIMEOUT = 10.0  # seconds
 
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    slots: threading.BoundedSemaphore  # requests served at once
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            log.debug("admin port: too many requests at once; closed one unanswered")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _QuietHandler(WSGIRequestHandler):
     """Requests go to the debug log, not stderr: Prometheus scrapes every few seconds."""
+
+    timeout = REQUEST_TIMEOUT
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("admin %s: " + format, self.client_address[0], *args)
@@ -56,13 +82,19 @@ class _QuietHandler(WSGIRequestHandler):
 
 class AdminServer:
     def __init__(
-        self, sources: Sources, settings: AdminConfig, *, authorize: Authorize | None = None
+        self,
+        sources: Sources,
+        settings: AdminConfig,
+        *,
+        authorize: Authorize | None = None,
+        max_requests: int = MAX_REQUESTS,
     ) -> None:
         if settings.listen is None:
             raise ValueError("the admin port needs Admin: Listen: HOST:PORT")
         self.sources = sources
         self.settings = settings
         self.authorize = authorize
+        self.max_requests = max_requests
         self.history = RateHistory(sources.view)
         self._metrics = make_wsgi_app(registry(sources.view))
         self._page = files("amps_on_kafka.admin").joinpath("status.html").read_bytes()
@@ -80,6 +112,7 @@ class AdminServer:
         except OSError as exc:
             reason = f"admin port can't listen on {self.settings.listen}: {exc}"
             raise TransportError(reason) from exc
+        self._server.slots = threading.BoundedSemaphore(self.max_requests)
         bound = self._server.server_address
         self.address = f"{bound[0]}:{bound[1]}"
         self._thread = threading.Thread(
@@ -108,7 +141,9 @@ class AdminServer:
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if path not in OPEN_PATHS and self.authorize is not None and not self.authorize(environ):
-            return _json(start_response, "401 Unauthorized", {"error": "not authorized"})
+            challenge = [("WWW-Authenticate", 'Basic realm="amps-kafka admin"')]
+            body = {"error": "authentication required: the gateway's users (HTTP Basic)"}
+            return _json(start_response, "401 Unauthorized", body, challenge)
         try:
             return self._route(path, environ, start_response)
         except Exception as exc:  # a gateway stopping, a loop slow to answer: say so
@@ -163,7 +198,12 @@ def not_ready(view: dict[str, Any], max_lag: int, gateway_expected: bool = True)
     return reasons
 
 
-def _json(start_response: StartResponse, status: str, body: Any) -> list[bytes]:
+def _json(
+    start_response: StartResponse, status: str, body: Any, headers: Iterable = ()
+) -> list[bytes]:
     data = json.dumps(body, default=str).encode()
-    start_response(status, [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+    start_response(
+        status,
+        [("Content-Type", "application/json"), ("Cache-Control", "no-store"), *headers],
+    )
     return [data]

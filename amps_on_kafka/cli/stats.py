@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 from typing import Any
 from urllib.error import URLError
-from urllib.request import urlopen
+from urllib.parse import unquote, urlsplit
+from urllib.request import Request, urlopen
 
 import click
 
@@ -17,7 +19,11 @@ TIMEOUT = 10.0  # seconds
 
 @click.command()
 @click.option(
-    "--server", required=True, metavar="URL", help="The worker's admin port, http://HOST:PORT."
+    "--server",
+    required=True,
+    metavar="URL",
+    help="The worker's admin port, http://HOST:PORT (http://USER:PASSWORD@HOST:PORT when "
+    "its gateway asks for a logon).",
 )
 @click.option(
     "--format", "output", type=click.Choice(["table", "json"]), default="table", show_default=True
@@ -34,14 +40,20 @@ def stats(server: str, output: str) -> None:
 
 
 def fetch(server: str) -> dict[str, Any]:
-    url = server.rstrip("/")
-    if "://" not in url:
-        url = f"http://{url}"
+    """The /admin view; `http://USER:PASSWORD@HOST:PORT` logs on as the gateway would
+    (HTTP Basic), as tcp:// URIs do."""
+    parts = urlsplit(server.strip() if "://" in server else f"http://{server.strip()}")
+    where = parts.netloc.rpartition("@")[2]  # never the password, in errors too
+    url = f"{parts.scheme}://{where}{parts.path.rstrip('/')}/admin"
+    request = Request(url)
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        request.add_header("Authorization", f"Basic {base64.b64encode(pair).decode()}")
     try:
-        with urlopen(f"{url}/admin", timeout=TIMEOUT) as response:
+        with urlopen(request, timeout=TIMEOUT) as response:
             return json.load(response)
     except (URLError, OSError, ValueError) as exc:
-        raise click.ClickException(f"can't read the admin view at {url}/admin: {exc}") from exc
+        raise click.ClickException(f"can't read the admin view at {url}: {exc}") from exc
 
 
 def sections(view: dict[str, Any]) -> list[tuple[str, list[str], list[Sequence[Any]]]]:

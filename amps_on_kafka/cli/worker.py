@@ -170,9 +170,12 @@ def _start_admin(processor: Worker) -> AdminServer | None:
     settings = processor.config.admin
     if settings.listen is None:
         return None
-    from amps_on_kafka.admin import AdminServer, Sources
+    from amps_on_kafka.admin import AdminServer, BasicAuth, Sources
+    from amps_on_kafka.security.policy import Security
 
-    admin = AdminServer(Sources(processor), settings)
+    # whoever may log on to the gateway may read the port (Anonymous: true lets anyone)
+    authorize = BasicAuth(Security.from_config(processor.config))
+    admin = AdminServer(Sources(processor), settings, authorize=authorize)
     admin.start()
     return admin
 

@@ -5,22 +5,31 @@ consumer group."""
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
+from urllib.error import HTTPError, URLError
+from urllib.request import Request, urlopen
 
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from amps_on_kafka.admin import not_ready
+from amps_on_kafka.admin import AdminServer, BasicAuth, not_ready
 from amps_on_kafka.cli import main
 from amps_on_kafka.client import Client
+from amps_on_kafka.config import Config
+from amps_on_kafka.config.model import AdminConfig
 from amps_on_kafka.log.kafka import end_offsets
+from amps_on_kafka.security.policy import Security
+from amps_on_kafka.security.users import UsersFile
 from tests.admin.conftest import Metrics, Operated
 
 EVERY_METRIC = {
@@ -270,3 +279,59 @@ def test_status_page_in_a_headless_browser(operated: Operated, tmp_path):
     )
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+
+def test_the_port_asks_for_what_the_gateway_asks(operated: Operated, tmp_path):
+    """With a users file, every path but /health and /ready wants a user's HTTP Basic
+    credentials (stats takes them in its URL); with Anonymous: true, nothing."""
+    users = tmp_path / "users"
+    UsersFile(users).add("ops", "s3cret-pass")
+    secured = Config.model_validate(
+        {"Authentication": {"UsersFile": str(users), "FailureDelay": "0s"}}
+    )
+    settings = AdminConfig(Listen="127.0.0.1:0")
+    sources = operated.admin.sources
+    with AdminServer(sources, settings, authorize=BasicAuth(Security.from_config(secured))) as a:
+        url = f"http://{a.address}"
+        refused = _status(url + "/metrics")
+        assert refused.code == 401 and "Basic" in refused.headers["WWW-Authenticate"]
+        assert _status(url + "/metrics", ("ops", "wrong")).code == 401
+        assert _status(url + "/metrics", ("ops", "s3cret-pass")).code == 200
+        assert _status(url + "/health").code == 200 and _status(url + "/ready").code == 200
+        runner = CliRunner()
+        ok = runner.invoke(main, ["stats", "--server", f"http://ops:s3cret-pass@{a.address}"])
+        assert ok.exit_code == 0 and "SOW topics" in ok.output
+        denied = runner.invoke(main, ["stats", "--server", f"http://ops:nope@{a.address}"])
+        assert denied.exit_code == 1 and "401" in denied.output and "nope" not in denied.output
+    anonymous = Config.model_validate({"Authentication": {"Anonymous": True}})
+    with AdminServer(sources, settings, authorize=BasicAuth(Security.from_config(anonymous))) as a:
+        assert _status(f"http://{a.address}/admin").code == 200
+
+
+def _status(url: str, user: tuple[str, str] | None = None):
+    request = Request(url)
+    if user is not None:
+        pair = base64.b64encode(":".join(user).encode()).decode()
+        request.add_header("Authorization", f"Basic {pair}")
+    try:
+        with urlopen(request, timeout=10) as response:
+            response.read()
+            return response
+    except HTTPError as error:
+        return error
+
+
+def test_at_most_max_requests_at_once(operated: Operated):
+    """Connections that send nothing hold the port's places; one more is closed
+    unanswered; once they go, the port serves again."""
+    settings = AdminConfig(Listen="127.0.0.1:0")
+    with AdminServer(operated.admin.sources, settings, max_requests=2) as admin:
+        host, port = admin.address.rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(2)]
+        try:
+            with pytest.raises((URLError, ConnectionError, http.client.HTTPException)):
+                urlopen(f"http://{admin.address}/health", timeout=10).read()
+        finally:
+            for sock in idle:
+                sock.close()
+        until(lambda: _status(f"http://{admin.address}/health").code == 200, "served again")
