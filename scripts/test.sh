@@ -4,7 +4,7 @@
 # (default 3: most tests wait on Kafka, not the CPU) sharing one broker (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh test,spark  # CI runs the Spark tests too
 .venv/bin/ruff check .
 .venv/bin/mypy  # strict, on the public client API (the files in pyproject's [tool.mypy])
 .venv/bin/python -m pytest -q -n "${AMPS_TEST_PROCESSES:-3}" --dist loadfile "$@"

@@ -10,6 +10,7 @@ sow orders --as-of ... --out ...` (the master then comes from spark-submit).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +49,11 @@ config_option = click.option(
 @click.group()
 def spark() -> None:
     """Bulk jobs over the log on Spark: historical SOW, export, cold rebuild."""
+    if importlib.util.find_spec("pyspark") is None:  # an extra: the tour and workers lack it
+        raise click.ClickException(
+            "the spark commands need PySpark: install the spark extra "
+            "(pip install -e '.[spark]' in the clone) and Java 17+"
+        )
 
 
 @spark.command("sow")

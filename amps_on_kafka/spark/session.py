@@ -44,6 +44,21 @@ def spark_session(
         session.stop()
 
 
+@contextmanager
+def parquet_timestamps_in_micros(spark: SparkSession) -> Iterator[None]:
+    """Parquet written meanwhile stores timestamps as TIMESTAMP_MICROS, adjusted to UTC:
+    Spark's default is the deprecated INT96, which pyarrow, DuckDB and Trino read only
+    with an option or a guess at the time zone. The session's setting is restored after,
+    so a notebook's own session keeps its choice for its own writes."""
+    key = "spark.sql.parquet.outputTimestampType"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "TIMESTAMP_MICROS")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
 def _builder(
     master: str | None,
     app_name: str,

@@ -30,6 +30,7 @@ from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.log.topics import spec_from_config
 from amps_on_kafka.spark.plan import AsOf
+from amps_on_kafka.spark.session import parquet_timestamps_in_micros
 from amps_on_kafka.spark.source import BATCH_ROWS, Slice, records, slices
 from amps_on_kafka.state.record import NEVER, SowRecord
 from amps_on_kafka.state.sow import Applied, DictState, SowRules
@@ -200,7 +201,8 @@ def write_sow(frame: DataFrame, out: str, fmt: str = "parquet", overwrite: bool 
     """Parquet (SOW_SCHEMA) or JSON lines like `amps-kafka replay`'s, into directory `out`."""
     mode = "overwrite" if overwrite else "errorifexists"
     if fmt == "parquet":
-        frame.write.mode(mode).parquet(out)
+        with parquet_timestamps_in_micros(frame.sparkSession):
+            frame.write.mode(mode).parquet(out)
     elif fmt == "jsonl":
         frame.mapInArrow(_jsonl_lines, "value string").write.mode(mode).text(out)
     else:

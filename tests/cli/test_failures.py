@@ -349,6 +349,7 @@ def test_a_damaged_store_ends_the_worker_with_its_reason_and_no_traceback(
 def test_spark_rebuild_refuses_a_state_dir_a_worker_holds(bootstrap, worker, tmp_path):
     """It checked only the stores the worker had open: a partition assigned to the worker
     during the rebuild met stores being replaced."""
+    pytest.importorskip("pyspark", reason="the spark extra")
     first, topic, state, _ = worker
     config = write_config(tmp_path, sow_yaml(topic))
     code, _, stderr, _ = amps_kafka(

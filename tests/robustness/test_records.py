@@ -47,7 +47,7 @@ from amps_on_kafka.log.keys import partition_for
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.log.topics import repartition_topic
-from amps_on_kafka.processor.queues import events_topic
+from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.state.queue_store import decode_entry, encode_entry
 from amps_on_kafka.state.queue_types import QueueEntry
@@ -494,6 +494,7 @@ def test_a_spark_log_row_of_a_header_name_that_is_not_utf8_carries_the_error(
 ):
     """The Spark source read headers with a direct call, which returns confluent-kafka's
     broken list once warm (a crash of the Spark task's Python worker)."""
+    pytest.importorskip("pyspark", reason="the spark extra")
     from amps_on_kafka.spark.source import _row  # pyspark: only for this test
 
     kcat = shutil.which("kcat")

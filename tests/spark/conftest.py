@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("pyspark", reason="the Spark tests need the spark extra (.[test,spark])")
 from click.testing import CliRunner
 from confluent_kafka import Producer
 

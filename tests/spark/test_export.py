@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from tests.spark.conftest import run_cli
 
 
@@ -27,6 +30,8 @@ def test_export_between_two_bookmarks(spark, bootstrap, history, tmp_path):
     }
     assert {r.bookmark for r in rows} == expected  # after --from, up to and including --to
     assert all(r.date == r.timestamp.astimezone(UTC).date() for r in rows)
+    stored = pq.read_schema(next(out.glob("date=*/*.parquet"))).field("timestamp").type
+    assert stored == pa.timestamp("us", tz="UTC")  # TIMESTAMP_MICROS, UTC, not INT96
     assert {d.name for d in out.iterdir() if d.is_dir()} == {
         f"date={r.timestamp.astimezone(UTC).date()}" for r in rows
     }
