@@ -1,8 +1,11 @@
 """What every sub-command shares: finding Kafka, and turning errors into clear messages.
 
-Exit codes: 0 done; 1 a runtime error (`Error: <reason>` on one line: bad configuration,
-Kafka unreachable, unknown topic...); 2 a usage error (click's: a bad option or argument);
-130 interrupted by Ctrl-C (SIGINT).
+Exit codes: 0 done; 1 an error (`Error: <reason>` on one line): a bad configuration,
+Kafka unreachable, an unknown topic, and any value that parses but is wrong (a bookmark,
+a filter, a payload); 2 only for what click itself refuses before the command runs (an
+unknown option, a missing argument, a value of the wrong type, out of range or not
+among the choices, options that exclude each other), after its `Usage:` text; 130
+interrupted by Ctrl-C (SIGINT).
 """
 
 from __future__ import annotations
