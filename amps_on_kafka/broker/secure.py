@@ -23,8 +23,6 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from amps_on_kafka.broker.certs import issue, make_ca, write_pem
-
 MECHANISM = "SCRAM-SHA-512"
 ADMIN_USER = "admin"  # the broker's own user, for its inter-broker listener
 CLIENT_USER = "amps"
@@ -59,6 +57,10 @@ class SecureFiles:
         complete), read after."""
         if self.exists():
             return Credentials(**json.loads(self._credentials.read_text()))
+        # Here, not at the top: importing cryptography costs every command 0.1-0.2 s, and
+        # only a first secured start needs it.
+        from amps_on_kafka.broker.certs import issue, make_ca, write_pem
+
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         ca = make_ca("amps-kafka local broker CA")
         broker = issue(ca, host, dns=["localhost"], ips=_ips(host))

@@ -15,7 +15,6 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from amps_on_kafka.config.properties import scrub
 from amps_on_kafka.errors import TransportError, UnknownTopic
 
 log = logging.getLogger(__name__)
@@ -156,6 +155,10 @@ class ConnectionErrors:
     def reason(self) -> str | None:
         """Why the client could not connect, in one line (the decisive error if there
         is one, else the last), or None if librdkafka said nothing."""
+        # Here, not at the top: the config package (pydantic) is no import of a process
+        # that only reads the log (a Spark task), and this runs only when a client failed.
+        from amps_on_kafka.config.properties import scrub
+
         error = self.decisive or self.last
         if error is None and self.failure is None:
             return None
