@@ -68,6 +68,17 @@ def bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture
+def client(bootstrap: str) -> Iterator[Any]:
+    """A kafka:// Client connected to the run's broker and logged on, closed after."""
+    from amps_on_kafka.client import Client
+
+    with Client(f"test-{uuid.uuid4().hex[:8]}") as connected:
+        connected.connect(f"kafka://{bootstrap}")
+        connected.logon()
+        yield connected
+
+
+@pytest.fixture
 def topic_factory(bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
     """``topic_factory(partitions=1, *, name=None, retention=None, **spec) -> name``.
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import io
-import uuid
 
 import orjson
 import pytest
@@ -19,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amps_on_kafka.cli.replay import Undecodable, _jsonl, replay
-from amps_on_kafka.client import Client
 from amps_on_kafka.config.model import SowConfig
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.codecs import JSON, AvroCodec
@@ -31,14 +29,6 @@ from amps_on_kafka.state.sow import Applied, DictState, SowRules
 
 BAD_JSON = b'{"id": 5, "v": '
 BAD_HEADER = (H_EXPIRATION, b"soon")  # an expiration that is no number
-
-
-@pytest.fixture
-def client(bootstrap):
-    with Client(f"cli-replay-{uuid.uuid4().hex[:8]}") as connected:
-        connected.connect(f"kafka://{bootstrap}")
-        connected.logon()
-        yield connected
 
 
 def produce_raw(bootstrap: str, topic: str, records: list[tuple[bytes, list]]) -> None:

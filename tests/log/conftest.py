@@ -1,20 +1,9 @@
-"""Fixtures for the log tests: a client connected to the session broker, and a reader."""
+"""Fixtures for the log tests: reading a topic back (`client` is in tests/conftest.py)."""
 
-import uuid
 
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
-from amps_on_kafka.client import Client
 from amps_on_kafka.log.kafka import consume_available, end_offsets, reader
-
-
-@pytest.fixture
-def client(bootstrap):
-    with Client(f"test-{uuid.uuid4().hex[:8]}") as connected:
-        connected.connect(f"kafka://{bootstrap}")
-        connected.logon()
-        yield connected
 
 
 def records_of(bootstrap: str, topic: str, committed_only: bool = False) -> list[Message]:

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable
 
 import pytest
 
-from amps_on_kafka.client import Client
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.message import COMPLETED, LogMessage
-
-
-@pytest.fixture
-def client(bootstrap):
-    with Client(f"sub-test-{uuid.uuid4().hex[:8]}") as connected:
-        connected.connect(f"kafka://{bootstrap}")
-        connected.logon()
-        yield connected
 
 
 @pytest.fixture
