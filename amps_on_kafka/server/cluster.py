@@ -45,6 +45,7 @@ from amps_on_kafka.server.subscriptions import MAX_HELD_CHANGES, SowSubscription
 from amps_on_kafka.state.events import CommandResult
 
 if TYPE_CHECKING:
+    from amps_on_kafka.security.policy import PeerAccess
     from amps_on_kafka.server.gateway import Gateway
     from amps_on_kafka.server.membership import Membership
     from amps_on_kafka.server.publishing import _Delete
@@ -59,6 +60,7 @@ LOCAL = ""  # the owner of a partition held here, in a plan
 RESULTS = "_results"  # a peer's sow_delete asks for its records' results: {p, s}
 RESULT = "_result"  # one of them, sent back
 RESULTS_WAIT = 60.0  # seconds a sow_delete waits for the peers' partitions to apply it
+MAX_IDLE_LINKS = 4  # idle logged-on links kept per peer for forwarded queries (PeerPool)
 # A peer's frames: a sow batch is at most about 1 MiB of payload (queries.BATCH_BYTES)
 # beyond one record, and a record at most a publish frame (MaxFrameBytes).
 MAX_PEER_FRAME = 64 * 1024 * 1024
@@ -112,6 +114,7 @@ class Cluster:
         self.gateway = gateway
         self.membership = membership
         self._spread: set[SpreadSubscription] = set()
+        self.pool = PeerPool(gateway.peer_access)
         membership.directory.on_change(self._directory_changed)
         gateway.engine.on_assignment(self._directory_changed)
 
@@ -129,6 +132,30 @@ class Cluster:
     def leave(self) -> None:
         """Tell the group this gateway no longer answers (a clean stop)."""
         self.membership.stop()
+        with suppress(RuntimeError):  # the loop is closed: the links went with it
+            self.gateway.loop.call_soon_threadsafe(self.pool.close)
+
+    async def _ask(self, address: str, parts: list[int], request: Request) -> QueryResult:
+        """A peer's answer to the sow forwarded for `parts`: its records, and the matches
+        its stats ack counts."""
+        link = await self.pool.take(address)
+        records: list[RemoteRecord] = []
+        try:
+            link.send(forwarded(request.header, "sow", parts, a="stats", bs=MAX_BATCH))
+            while True:
+                frame = await link.receive(ANSWER_IDLE)
+                header = frame.header
+                if header.get("c") == "sow":
+                    records.extend(remote_records(header, frame.payload))
+                elif header.get("c") == "ack":
+                    refused(header)
+                    if header.get("a") == "stats":
+                        break
+        except BaseException:
+            link.close()
+            raise
+        self.pool.give(link)
+        return QueryResult(records, int(header.get("matches", len(records))))  # type: ignore[arg-type]
 
     async def plan(self, topic: str) -> Plan:
         count = await self.gateway.blocking(self.membership.partition_count, topic)
@@ -170,7 +197,7 @@ class Cluster:
         local = self.gateway.blocking(
             lambda: engine.query(query.topic, partitions=plan.local, **options)
         )
-        asked = (ask(address, parts, request) for address, parts in plan.remote.items())
+        asked = (self._ask(address, parts, request) for address, parts in plan.remote.items())
         answers = await all_of(local, *asked)
         return await self.gateway.blocking(merge, answers, query.order_by, query.top_n)
 
@@ -225,7 +252,7 @@ class Cluster:
         (the local ones reach it from the engine) until every record is counted."""
         plan = await self.plan(topic)
         asked = {RESULTS: {"p": entry.publisher_id, "s": entry.sequences}}
-        links = [await PeerLink.open(address) for address in plan.remote]
+        links = [await PeerLink.open(address, self.gateway.peer_access) for address in plan.remote]
         try:
             for link in links:
                 link.send({"c": "sow_delete", "cid": uuid.uuid4().hex[:12], "t": topic, **asked})
@@ -309,7 +336,7 @@ class SpreadSubscription:
         self.plan = plan
         self.cluster.watch(self)
         for address, parts in plan.remote.items():
-            link = await PeerLink.open(address)
+            link = await PeerLink.open(address, self.cluster.gateway.peer_access)
             leg = Leg(self, link)
             self.legs.append(leg)
             link.send(forwarded(self.request.header, command, parts, sub_id=self.sub_id, **extra))
@@ -520,24 +547,36 @@ async def all_of(*work: Awaitable[T]) -> list[T]:
             task.cancel()
 
 
-async def ask(address: str, parts: list[int], request: Request) -> QueryResult:
-    """A peer's answer to the sow forwarded for `parts`: its records, and the matches
-    its stats ack counts."""
-    link = await PeerLink.open(address)
-    link.send(forwarded(request.header, "sow", parts, a="stats", bs=MAX_BATCH))
-    records: list[RemoteRecord] = []
-    try:
-        while True:
-            frame = await link.receive(ANSWER_IDLE)
-            header = frame.header
-            if header.get("c") == "sow":
-                records.extend(remote_records(header, frame.payload))
-            elif header.get("c") == "ack":
-                refused(header)
-                if header.get("a") == "stats":
-                    return QueryResult(records, int(header.get("matches", len(records))))  # type: ignore[arg-type]
-    finally:
-        link.close()
+class PeerPool:
+    """Idle links to peers, logged on, reused by forwarded sow queries: a connection and
+    a logon for each one cost round trips (and a line in the peer's audit log). At most
+    MAX_IDLE_LINKS wait per peer; one whose peer went away fails its next query with
+    retry:, like a new connection to a dead peer would."""
+
+    def __init__(self, access: PeerAccess) -> None:
+        self.access = access
+        self._idle: dict[str, list[PeerLink]] = defaultdict(list)
+
+    async def take(self, address: str) -> PeerLink:
+        idle = self._idle[address]
+        while idle:
+            link = idle.pop()
+            if not link.writer.is_closing():
+                return link
+        return await PeerLink.open(address, self.access)
+
+    def give(self, link: PeerLink) -> None:
+        idle = self._idle[link.address]
+        if len(idle) < MAX_IDLE_LINKS and not link.frames and not link.writer.is_closing():
+            idle.append(link)
+        else:
+            link.close()
+
+    def close(self) -> None:
+        for links in self._idle.values():
+            for link in links:
+                link.close()
+        self._idle.clear()
 
 
 class PeerLink:
@@ -553,16 +592,20 @@ class PeerLink:
         self.frames: deque[Frame] = deque()
 
     @classmethod
-    async def open(cls, address: str) -> PeerLink:
+    async def open(cls, address: str, access: PeerAccess) -> PeerLink:
+        """Connected (over TLS when the gateways serve it) and logged on as a peer
+        (docs/security.md, Gateways of one group)."""
         host, _, port = address.rpartition(":")
+        tls = {"ssl": access.context, "server_hostname": host} if access.context else {}
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT
+                asyncio.open_connection(host, int(port), **tls), CONNECT_TIMEOUT
             )
         except (OSError, TimeoutError) as exc:
             raise _unreachable(address, exc) from exc
         link = cls(address, reader, writer)
-        link.send({"c": "logon", "cid": "logon", "client_name": f"_peer-{uuid.uuid4().hex}"})
+        name = f"_peer-{uuid.uuid4().hex}"
+        link.send({"c": "logon", "cid": "logon", "client_name": name, **access.credentials()})
         try:
             refused((await link.receive(CONNECT_TIMEOUT)).header)
         except BaseException:

@@ -179,7 +179,7 @@ class Membership:
                 if self._changed.is_set():
                     self._changed.clear()
                     self._announce()
-                for record in consumer.consume(500, timeout=POLL_WAIT):
+                for record in consumer.consume(500, timeout=POLL_WAIT):  # rides out outages
                     if record.error():
                         continue
                     self.directory.apply(record.key(), record.value(), record.offset())
@@ -192,10 +192,21 @@ class Membership:
             consumer.close()
 
     def _announce(self) -> None:
+        """Write what this worker serves now; if Kafka doesn't take it within
+        METADATA_TIMEOUT (an outage), the next turn writes it again."""
         parts = {sow.topic: self.engine.serving(sow.topic) for sow in self.engine.config.sow}
         value = orjson.dumps({"address": self.address, "parts": parts, "at": time.time()})
-        self._producer.produce(WORKERS_TOPIC, key=self.key, value=value)  # type: ignore[union-attr]
-        self._producer.flush(METADATA_TIMEOUT)  # type: ignore[union-attr]
+        producer = self._producer
+        try:
+            producer.produce(WORKERS_TOPIC, key=self.key, value=value)  # type: ignore[union-attr]
+        except (BufferError, KafkaException) as exc:
+            log.warning("can't announce %s yet: %s", self.worker, exc)
+            self._changed.set()
+            return
+        if producer.flush(METADATA_TIMEOUT):  # type: ignore[union-attr]
+            log.warning("announcement of %s not yet acknowledged; writing it again", self.worker)
+            self._changed.set()
+            return
         log.info("announced %s at %s: %s", self.worker, self.address, parts)
 
 

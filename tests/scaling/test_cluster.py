@@ -3,13 +3,25 @@ without Kafka: merging the parts, the directory of announcements, the PARTS head
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from amps_on_kafka.errors import PartitionsMoving
 from amps_on_kafka.processor.engine import QueryResult, ordered
-from amps_on_kafka.server.cluster import PARTS, RemoteRecord, merge, parts_of, reachable
+from amps_on_kafka.security.policy import PeerAccess
+from amps_on_kafka.server.cluster import (
+    PARTS,
+    PeerPool,
+    RemoteRecord,
+    merge,
+    parts_of,
+    reachable,
+)
 from amps_on_kafka.server.membership import Directory
 from amps_on_kafka.server.requests import ProtocolError
 
@@ -95,3 +107,12 @@ def test_a_wildcard_listen_address_is_announced_by_the_host_name():
     assert reachable("10.0.0.1:9007") == "10.0.0.1:9007"
     host, _, port = reachable("0.0.0.0:9007").rpartition(":")
     assert host not in ("0.0.0.0", "") and port == "9007"
+
+
+def test_a_peer_that_does_not_answer_is_a_retryable_error():
+    """A dead worker's stale claim: its address refuses connections."""
+    with socket.socket() as probe:  # a port nobody listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(PartitionsMoving, match=r"^retry: partitions moving \(the worker at "):
+        asyncio.run(PeerPool(PeerAccess()).take(address))
