@@ -5,8 +5,9 @@ stores flushed (and so its offsets committed) every 200 ms."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.error import HTTPError
 from urllib.request import urlopen
@@ -21,6 +22,18 @@ from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import create_topic, delete_topics
+
+
+def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> object:
+    """The condition's first true outcome, polled every 0.1 s up to `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        outcome = condition()
+        if outcome:
+            return outcome
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached after {timeout}s")
+        time.sleep(0.1)
 
 
 @dataclass

@@ -12,8 +12,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
-from collections.abc import Callable
 from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
@@ -30,7 +28,7 @@ from amps_on_kafka.config.model import AdminConfig
 from amps_on_kafka.log.kafka import end_offsets
 from amps_on_kafka.security.policy import Security
 from amps_on_kafka.security.users import UsersFile
-from tests.admin.conftest import Metrics, Operated
+from tests.admin.conftest import Metrics, Operated, until
 
 EVERY_METRIC = {
     "amps_records_applied_total",
@@ -67,17 +65,6 @@ EVERY_METRIC = {
     "amps_queue_skipped_total",
     "amps_uptime_seconds",
 }
-
-
-def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        outcome = condition()
-        if outcome:
-            return outcome
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached after {timeout}s")
-        time.sleep(0.1)
 
 
 def traffic(operated: Operated) -> None:

@@ -150,3 +150,20 @@ def test_secrets_never_survive_redaction_or_scrubbing(properties, secret):
     assert all(shown[k] == v for k, v in properties.items() if not is_secret(k))
     quoted = scrub(f"\x00{secret}\x00", {"sasl.password": secret})  # as a library might
     assert quoted == f"\x00{REDACTED}\x00"
+
+
+def test_secured_properties_naming_no_broker_never_start_the_plain_one(tmp_path, monkeypatch):
+    """Without an address anywhere the CLI would start the plain local broker, which a
+    SASL_SSL client can't use: it says what is missing instead."""
+    from click.testing import CliRunner
+
+    from amps_on_kafka.cli import main
+
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    path = tmp_path / "client.properties"
+    path.write_text("security.protocol=SASL_SSL\nsasl.password=literal-secret\n")
+    result = CliRunner().invoke(main, ["topics", "list", "--kafka-config", str(path)])
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert "ask for a secured connection but name no broker" in line
+    assert "literal-secret" not in result.output

@@ -1,0 +1,43 @@
+"""`amps-kafka worker` with `Admin: Listen:` serves the admin port and names it."""
+
+from __future__ import annotations
+
+import json
+import signal
+from urllib.error import HTTPError
+from urllib.request import urlopen
+
+import orjson
+
+from tests.admin.conftest import until
+from tests.cli.test_failures import Running, sow_yaml, write_config
+
+
+def test_the_worker_command_serves_the_admin_port(bootstrap, topic_factory, tmp_path):
+    topic = topic_factory(2, key=("/id",))
+    config = sow_yaml(topic) + "Admin:\n  Listen: 127.0.0.1:0\n"
+    ready_file = tmp_path / "worker.json"
+    running = Running(
+        "worker", "--config", write_config(tmp_path, config),
+        "--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0",
+        "--ready-file", str(ready_file), bootstrap=bootstrap,
+    )  # fmt: skip
+    try:
+        line = running.wait_for("worker ready: ")
+        admin = orjson.loads(ready_file.read_bytes())["admin"]
+        assert admin.startswith("http://127.0.0.1:") and f"admin={admin} " in line
+
+        def ready() -> dict | None:
+            try:
+                with urlopen(f"{admin}/ready", timeout=10) as response:
+                    return json.load(response)
+            except HTTPError:
+                return None  # 503 until the log ends are known
+
+        assert until(ready, "/ready 200") == {"ready": True, "reasons": []}
+        with urlopen(f"{admin}/metrics", timeout=10) as response:
+            assert f'amps_sow_partitions{{topic="{topic}"}} 2.0' in response.read().decode()
+        code, _ = running.interrupt(signal.SIGTERM)
+        assert code == 0
+    finally:
+        running.kill()
