@@ -80,16 +80,22 @@ def _from_env(key: str, name: str) -> str:
 def _from_file(key: str, name: str) -> str:
     path = Path(name).expanduser()
     try:
-        with path.open("rb") as file:
-            data = file.read(MAX_SECRET_FILE_BYTES + 1)
+        return _read_at_most(path, MAX_SECRET_FILE_BYTES).decode("utf-8").rstrip("\r\n")
     except OSError as exc:
         raise ValueError(f"property {key}: can't read {path}: {exc.strerror}") from exc
-    if len(data) > MAX_SECRET_FILE_BYTES:
-        raise ValueError(f"property {key}: {path} is larger than {MAX_SECRET_FILE_BYTES} bytes")
-    try:
-        return data.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         raise ValueError(f"property {key}: {path} is not UTF-8 text") from exc
+    except ValueError as exc:
+        raise ValueError(f"property {key}: {exc}") from exc
+
+
+def _read_at_most(path: Path, limit: int) -> bytes:
+    """The bytes of `path`: an OSError as raised, a ValueError past `limit` bytes."""
+    with path.open("rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than {limit} bytes")
+    return data
 
 
 def read_properties_file(path: str | Path) -> dict[str, str]:
@@ -97,12 +103,11 @@ def read_properties_file(path: str | Path) -> dict[str, str]:
     references resolved. Every problem is a ConfigError naming the file."""
     path = Path(path)
     try:
-        with path.open("rb") as file:
-            data = file.read(MAX_PROPERTIES_FILE_BYTES + 1)
+        data = _read_at_most(path, MAX_PROPERTIES_FILE_BYTES)
     except OSError as exc:
         raise ConfigError(f"{path}: can't read the Kafka properties: {exc.strerror}") from exc
-    if len(data) > MAX_PROPERTIES_FILE_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_PROPERTIES_FILE_BYTES} bytes")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     parsed = Properties()
     try:
         parsed.load(data, "utf-8")
