@@ -7,7 +7,7 @@ import sys
 
 BENCHMARKS = [
     "log", "filters", "sow", "gateway", "queues", "stores", "spark", "robustness", "fairness",
-    "admin", "scaling",
+    "admin", "scaling", "security",
 ]
 
 

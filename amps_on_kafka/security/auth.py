@@ -15,6 +15,7 @@ of logons neither blocks the event loop nor takes the threads queries run on.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from typing import Protocol
 
 from amps_on_kafka.config.model import AuthenticationConfig
 from amps_on_kafka.errors import AmpsError
-from amps_on_kafka.security.users import ANONYMOUS, UsersFile
+from amps_on_kafka.security.users import ANONYMOUS, PEER_USER, UsersFile
 
 audit = logging.getLogger("amps_on_kafka.audit")
 
@@ -54,7 +55,7 @@ class Identity:
     """An authenticated user; anonymous sessions are the user `anonymous`."""
 
     user: str
-    method: str  # "password", "certificate" or "anonymous"
+    method: str  # "password", "certificate", "anonymous" or "peer" (another gateway)
 
     @property
     def anonymous(self) -> bool:
@@ -85,8 +86,8 @@ class CertificateAuthenticator:
         subject = credentials.certificate_subject
         if subject is None:
             return None
-        if subject == ANONYMOUS:
-            raise LogonFailed(f"certificate subject {ANONYMOUS!r} is reserved")
+        if subject == ANONYMOUS or subject.startswith("_"):
+            raise LogonFailed(f"certificate subject {subject!r} is reserved")
         if credentials.user is not None and credentials.user != subject:
             raise LogonFailed(
                 f"user_id {credentials.user!r} is not the client certificate's subject"
@@ -112,6 +113,25 @@ class PasswordAuthenticator:
         return credentials.user
 
 
+class PeerAuthenticator:
+    """Another gateway of the same group (server/cluster.py): user_id `_peer` and the
+    configuration's PeerSecret. Its session may read everything: what it forwards was
+    checked, and narrowed to the user's entitlement filters, by the gateway it came to."""
+
+    method = "peer"
+
+    def __init__(self, secret: str | None) -> None:
+        self.secret = secret
+
+    def authenticate(self, credentials: Credentials) -> str | None:
+        if credentials.user != PEER_USER:
+            return None
+        given = (credentials.password or "").encode()
+        if self.secret is None or not hmac.compare_digest(given, self.secret.encode()):
+            raise LogonFailed("wrong user_id or password")
+        return PEER_USER
+
+
 class Authentication:
     """The configured authenticators, in order, then anonymous if allowed."""
 
@@ -123,7 +143,8 @@ class Authentication:
 
     @classmethod
     def from_config(cls, config: AuthenticationConfig) -> Authentication:
-        authenticators: list[Authenticator] = []
+        secret = config.peer_secret.get_secret_value() if config.peer_secret else None
+        authenticators: list[Authenticator] = [PeerAuthenticator(secret)]
         if config.client_certificate:
             authenticators.append(CertificateAuthenticator())
         if config.users_file is not None:
@@ -133,7 +154,7 @@ class Authentication:
     @classmethod
     def open(cls) -> Authentication:
         """Anyone, anonymously: for a gateway embedded without a configuration (tests)."""
-        return cls((), anonymous=True)
+        return cls([PeerAuthenticator(None)], anonymous=True)
 
     def authenticate(self, credentials: Credentials) -> Identity:
         """Blocking (a password is verified with argon2): call it off the event loop."""
@@ -148,7 +169,7 @@ class Authentication:
         raise LogonFailed(f"authentication required: {self._accepted()}")
 
     def _accepted(self) -> str:
-        ways = [_WAYS[a.method] for a in self.authenticators]
+        ways = [_WAYS[a.method] for a in self.authenticators if a.method in _WAYS]
         return " or ".join(ways) if ways else "this gateway accepts no logon (see Authentication)"
 
 

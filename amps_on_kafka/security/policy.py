@@ -1,13 +1,39 @@
 """The gateway's security policy in one object: who may log on, what each user may do,
-and the throttle on failed logons; built from a configuration, or open for embedding."""
+and the throttle on failed logons; built from a configuration, or open for embedding.
+Also how this gateway logs on to the other gateways of its group (PeerAccess)."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
+from typing import Any
 
-from amps_on_kafka.config.model import AuthenticationConfig, Config
-from amps_on_kafka.security.auth import Authentication, Throttle
-from amps_on_kafka.security.entitlements import Entitlements
+from amps_on_kafka.config.model import AuthenticationConfig, Config, TLSConfig
+from amps_on_kafka.security.auth import Authentication, Identity, Throttle
+from amps_on_kafka.security.entitlements import Entitlements, UserEntitlements
+from amps_on_kafka.security.tls import client_context
+from amps_on_kafka.security.users import PEER_USER
+
+
+@dataclass(frozen=True)
+class PeerAccess:
+    """How a gateway reaches a peer's (server/cluster.py): over TLS when the gateways
+    serve TLS (verified against Gateway.TLS.CA, else the system's CAs; presenting its own
+    certificate when client certificates are required), logged on with PeerSecret."""
+
+    context: ssl.SSLContext | None = None
+    secret: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, tls: TLSConfig | None, secret: str | None) -> PeerAccess:
+        if tls is None:
+            return cls(None, secret)
+        own = (tls.certificate, tls.key) if tls.require_client_certificate else (None, None)
+        return cls(client_context(tls.ca, *own), secret)
+
+    def credentials(self) -> dict[str, Any]:
+        """The logon's user_id and pw; none without a secret (an anonymous logon)."""
+        return {} if self.secret is None else {"user_id": PEER_USER, "pw": self.secret}
 
 
 @dataclass(frozen=True)
@@ -15,6 +41,7 @@ class Security:
     authentication: Authentication
     entitlements: Entitlements = field(default_factory=lambda: Entitlements(None))
     throttle: Throttle = field(default_factory=lambda: Throttle(0.5, 30.0))
+    peer_secret: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, config: Config) -> Security:
@@ -25,6 +52,7 @@ class Security:
             Authentication.from_config(auth),
             Entitlements(config.entitlements),
             Throttle(auth.failure_delay, auth.max_failure_delay),
+            auth.peer_secret.get_secret_value() if auth.peer_secret else None,
         )
 
     @classmethod
@@ -32,3 +60,9 @@ class Security:
         """Anyone, anonymously, may do anything: what a Gateway built in code without a
         configuration gets (tests, embedding). The worker always passes from_config."""
         return cls(Authentication.open())
+
+    def entitlements_of(self, identity: Identity) -> UserEntitlements:
+        """A peer gateway may read everything: its user's gateway narrowed the request."""
+        if identity.method == "peer":
+            return UserEntitlements(identity.user, None)
+        return self.entitlements.for_user(identity.user)

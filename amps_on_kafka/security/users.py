@@ -18,9 +18,11 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from amps_on_kafka.errors import ConfigError
 
-# Names that can key entitlements and stand in a publisher id (user:client_name).
-_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,128}$")
+# Names that can key entitlements and stand in a publisher id (user:client_name); a
+# leading '_' is the gateway's own (PEER_USER).
+_NAME = re.compile(r"^[A-Za-z0-9.@-][A-Za-z0-9._@-]{0,127}$")
 ANONYMOUS = "anonymous"  # the user an anonymous session is, for entitlements and audit
+PEER_USER = "_peer"  # the user a gateway of the same group logs on to another as
 MAX_USERS_FILE_BYTES = 16 * 1024 * 1024
 
 _HASHER = PasswordHasher()
@@ -32,7 +34,8 @@ _DUMMY_HASH = _HASHER.hash("not a password of anyone")
 def check_user_name(name: str) -> str:
     if not _NAME.match(name):
         raise ConfigError(
-            f"user name {name!r}: 1-128 letters, digits, '.', '_', '@' or '-' please"
+            f"user name {name!r}: 1-128 letters, digits, '.', '_', '@' or '-' (not '_' "
+            "first) please"
         )
     if name == ANONYMOUS:
         raise ConfigError(f"user name {ANONYMOUS!r} is reserved for anonymous sessions")

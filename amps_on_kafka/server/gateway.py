@@ -29,7 +29,7 @@ from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.protocol.frames import READ_SIZE, encode_frame
 from amps_on_kafka.security.auth import Credentials, Identity, LogonFailed, audit
 from amps_on_kafka.security.entitlements import Denied
-from amps_on_kafka.security.policy import Security
+from amps_on_kafka.security.policy import PeerAccess, Security
 from amps_on_kafka.security.tls import server_context
 from amps_on_kafka.server.cluster import Cluster
 from amps_on_kafka.server.fanout import Fanout
@@ -86,6 +86,7 @@ class Gateway:
         # Password hashes (argon2: 64 MiB, tens of ms each) are verified here, two at a
         # time: a flood of logons takes neither the loop nor the threads queries run on.
         self._auth_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="amps-gateway-auth")
+        self.peer_access = PeerAccess.of(settings.tls, self.security.peer_secret)
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="amps-gateway", daemon=True
         )
@@ -237,14 +238,12 @@ class Gateway:
         the old one; another user's is refused (it would disconnect a stranger)."""
         previous = self._names.get(name)
         if previous is not None and previous is not session:
-            if previous.identity is None or session.identity is None:
-                raise Denied(f"client name {name!r} is in use")
-            if previous.identity.user != session.identity.user:
+            if _user(previous) != _user(session):
                 audit.warning(
                     "refused: user=%r tried client name %r of user %r",
-                    session.identity.user,
+                    _user(session),
                     name,
-                    previous.identity.user,
+                    _user(previous),
                 )
                 raise Denied(f"client name {name!r} is logged on as another user")
             log.info("%r replaced by a new logon with the same name", previous)
@@ -261,6 +260,10 @@ class Gateway:
         if session.client_name is not None and self._names.get(session.client_name) is session:
             del self._names[session.client_name]
         self.deletes.forget(session)
+
+
+def _user(session: Session) -> str | None:
+    return session.identity.user if session.identity is not None else None
 
 
 def _shared_producer(bootstrap: str, settings: GatewayConfig) -> Producer:

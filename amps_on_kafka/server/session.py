@@ -370,7 +370,7 @@ async def logon(session: Session, request: Request) -> None:
         return
     session.identity = identity
     gateway.claim(session, name)
-    session.entitlements = gateway.security.entitlements.for_user(identity.user)
+    session.entitlements = gateway.security.entitlements_of(identity)
     session.client_name = name
     user = {} if identity.anonymous else {"user_id": identity.user}
     session.send(

@@ -30,6 +30,7 @@ from tests.conftest import create_topic, delete_topics
 from tests.server.helpers import WAIT, Wire
 
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret"}
+PEER_SECRET = "the group's own secret"
 FAILURE_DELAY = 0.2
 
 
@@ -103,6 +104,7 @@ def secured_config(orders: str, secret: str, certs: Path, users: Path) -> Config
                 "ClientCertificate": True,
                 "FailureDelay": f"{int(FAILURE_DELAY * 1000)}ms",
                 "MaxFailureDelay": "1s",
+                "PeerSecret": PEER_SECRET,
             },
             "Entitlements": {
                 "Roles": {"desk-fx": {"Read": [{"Topic": orders, "Filter": "/desk = 'fx'"}]}},

@@ -7,17 +7,28 @@ One worker and gateway serve the whole module (tests/security/gateway_fixtures.p
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
+from itertools import takewhile
 
 import orjson
 import pytest
 
 from amps_on_kafka.client import Client
 from amps_on_kafka.errors import ServerError, TransportError
+from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.replay import Replay
-from tests.security.gateway_fixtures import FAILURE_DELAY, PASSWORDS, Secured, secured
+from amps_on_kafka.security.policy import PeerAccess
+from amps_on_kafka.server.cluster import PeerLink
+from tests.security.gateway_fixtures import (
+    FAILURE_DELAY,
+    PASSWORDS,
+    PEER_SECRET,
+    Secured,
+    secured,
+)
 from tests.server.helpers import is_ack
 
 __all__ = ["secured"]  # the module's fixture
@@ -150,9 +161,9 @@ def test_a_publisher_id_is_bound_to_its_user(secured: Secured, bootstrap: str) -
         client.logon(timeout=10)
         client.publish(secured.orders, {"id": "bound", "desk": "fx"}, sequence=10**15)
         client.publish_flush(10)
-    replay = Replay(bootstrap, secured.orders, "0", max_idle=5)
+    replay = Replay(bootstrap, secured.orders, "0", max_idle=30)
     try:
-        ids = {m.envelope.publisher_id for m in replay if hasattr(m, "envelope")}
+        ids = {m.envelope.publisher_id for m in takewhile(lambda m: m is not COMPLETED, replay)}
     finally:
         replay.close()
     assert "alice:pricer-1" in ids and "pricer-1" not in ids
@@ -264,6 +275,23 @@ def test_a_record_leaving_the_entitled_set_is_an_oof_with_reason_entitlement(
         assert orjson.loads(oof.payload)["qty"] == 1  # the record she saw, not the new one
     finally:
         wire.close()
+
+
+def test_gateways_of_a_group_log_on_to_each_other_with_their_secret(secured: Secured) -> None:
+    """What server/cluster.py forwards to a peer: over TLS, with PeerSecret; a wrong
+    secret, or none, is refused like any logon."""
+
+    async def peer_logon(secret: str | None) -> None:
+        access = PeerAccess.of(secured.gateway.settings.tls, secret)
+        link = await PeerLink.open(secured.address, access)
+        link.close()
+
+    asyncio.run(peer_logon(PEER_SECRET))
+    with pytest.raises(ServerError, match="wrong user_id or password"):
+        asyncio.run(peer_logon("a guess of sixteen chars"))
+    with pytest.raises(ServerError, match="authentication required"):
+        asyncio.run(peer_logon(None))
+    time.sleep(1.0)  # MaxFailureDelay: the next module test starts unthrottled
 
 
 def _until_in_sow(client: Client, topic: str, ids: list[str], timeout: float = 30) -> None:

@@ -84,7 +84,7 @@ def test_the_users_file_holds_salted_hashes_only(tmp_path: Path) -> None:
     assert set(users.hashes()) == {"alice"}
     with pytest.raises(ConfigError, match="no user 'bob'"):
         users.remove("bob")
-    for bad in ("anonymous", "a:b", "", "a b"):
+    for bad in ("anonymous", "a:b", "", "a b", "_peer"):
         with pytest.raises(ConfigError):
             users.add(bad, "pw")
 
@@ -122,7 +122,10 @@ def test_a_publisher_id_names_its_user() -> None:
     auth = Authentication([], anonymous=True)
     assert auth.authenticate(Credentials(None)).publisher_id("p") == "p"
     users = Authentication.from_config(Config().authentication)
-    assert users.authenticators == () and not users.anonymous  # the default: nobody
+    # the default: nobody (a peer gateway needs a PeerSecret, and there is none)
+    assert [a.method for a in users.authenticators] == ["peer"] and not users.anonymous
+    with pytest.raises(LogonFailed):
+        users.authenticate(Credentials("_peer", "anything at all, long"))
 
 
 def _entitlements(section: dict) -> Entitlements:
