@@ -1,6 +1,6 @@
 """One worker per test module with everything an operator looks at switched on: a SOW
-topic (2 partitions, expiration enabled), a queue, the gateway and the admin port; its
-stores flushed (and so its offsets committed) every 200 ms."""
+topic (2 partitions, expiration enabled), a queue with a dead-letter topic, the gateway
+and the admin port; its stores flushed (and so its offsets committed) every 200 ms."""
 
 from __future__ import annotations
 
@@ -96,11 +96,12 @@ def operated(bootstrap: str, tmp_path_factory) -> Iterator[Operated]:
     topic, queue = f"admin-sow-{suffix}", f"admin-queue-{suffix}"
     create_topic(bootstrap, TopicSpec(topic, 2, key=("/id",)))
     create_topic(bootstrap, TopicSpec(queue, 1))
+    create_topic(bootstrap, TopicSpec(f"{queue}-dead", 1))
     config = Config.model_validate(
         {
             "Topics": [{"Name": topic, "Partitions": 2}, {"Name": queue}],
             "SOW": [{"Topic": topic, "Key": "/id", "Expiration": "enabled"}],
-            "Queues": [{"Name": queue}],
+            "Queues": [{"Name": queue, "DeadLetterTopic": f"{queue}-dead"}],
             "State": {"FlushEvery": "200ms"},
             "Admin": {"Listen": "127.0.0.1:0", "ReadyMaxLag": 100},
         }
@@ -122,4 +123,4 @@ def operated(bootstrap: str, tmp_path_factory) -> Iterator[Operated]:
             gateway.stop()
     finally:
         worker.stop()
-        delete_topics(bootstrap, [topic, queue, events_topic(queue)])
+        delete_topics(bootstrap, [topic, queue, f"{queue}-dead", events_topic(queue)])

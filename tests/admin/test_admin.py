@@ -67,9 +67,10 @@ EVERY_METRIC = {
 }
 
 
-def traffic(operated: Operated) -> None:
+def traffic(operated: Operated) -> Metrics:
     """Publishes (one expiring, one bad record from a foreign producer), a query, a
-    subscription that stays open, and queue messages delivered, one cancelled and acked."""
+    subscription that stays open, and queue messages: one cancelled (so delivered again)
+    then acked, two acked, one expired (so dead-lettered). Returns a scrape meanwhile."""
     topic, queue = operated.topic, operated.queue
     with Client("admin-traffic") as client:
         client.connect(operated.uri)
@@ -79,7 +80,7 @@ def traffic(operated: Operated) -> None:
             for n in range(20):
                 client.publish(topic, {"id": n, "n": n})
             client.publish(topic, {"id": "brief"}, expiration=0.2)
-            for n in range(3):
+            for n in range(4):
                 client.publish(queue, {"n": n})
             client.publish_flush()
             until(lambda: len(list(client.sow(topic, "/n >= 0"))) == 20, "20 records applied")
@@ -87,6 +88,7 @@ def traffic(operated: Operated) -> None:
             first.ack("cancel")
             for _ in range(3):
                 next(iter(messages)).ack()
+            next(iter(messages)).ack("expire")
             client.flush_acks()
             bad = Producer({"bootstrap.servers": operated.worker.bootstrap})
             bad.produce(topic, b"not json", partition=0)
@@ -112,7 +114,7 @@ def test_every_metric_moves_the_right_way(operated: Operated):
     grew("amps_records_applied_total", 22)  # 20, the expiring one, the bad one
     grew("amps_sow_expired_total", 1)
     grew("amps_records_rejected_total", 1, reason="bad_record", outcome="skipped")
-    grew("amps_publish_persisted_seconds_count", 24)
+    grew("amps_publish_persisted_seconds_count", 25)
     assert after("amps_publish_persisted_seconds_bucket", le="+Inf") == after(
         "amps_publish_persisted_seconds_count"
     )
@@ -127,9 +129,11 @@ def test_every_metric_moves_the_right_way(operated: Operated):
     assert 18 <= after("amps_sow_records", topic=topic) <= 21
     assert after("amps_sow_partitions", topic=topic) == 2
     assert during("amps_partition_end_offset", topic=topic, partition="0") >= 0
-    grew("amps_queue_delivered_total", 4, queue=queue)  # 3, one of them twice
+    grew("amps_queue_delivered_total", 5, queue=queue)  # 4, one of them twice
     grew("amps_queue_redelivered_total", 1, queue=queue)
     grew("amps_queue_acked_total", 3, queue=queue)
+    grew("amps_queue_expired_total", 1, queue=queue)
+    grew("amps_queue_dead_lettered_total", 1, queue=queue)
     assert during("amps_queue_depth", queue=queue) >= 0
     assert after("amps_queue_depth", queue=queue) == 0
     assert after("amps_worker_up") == 1
