@@ -17,6 +17,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    ConfigSource,
     ResourceType,
 )
 
@@ -139,9 +140,9 @@ def _settings(configs: dict[str, str]) -> str:
     return "  ".join(shown)
 
 
-def topic_configs(admin: AdminClient, topic: str, *, changed_only: bool = False) -> dict[str, str]:
-    """The topic's configuration in Kafka; with changed_only, what differs from the
-    broker's defaults (set at creation or since)."""
+def topic_configs(admin: AdminClient, topic: str, *, own_only: bool = False) -> dict[str, str]:
+    """The topic's configuration in Kafka; with own_only, only what is set on the topic
+    itself (at creation or since), not what it takes from the broker or its defaults."""
     resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
         entries = admin.describe_configs([resource])[resource].result(METADATA_TIMEOUT)
@@ -150,7 +151,7 @@ def topic_configs(admin: AdminClient, topic: str, *, changed_only: bool = False)
     return {
         name: entry.value
         for name, entry in sorted(entries.items())
-        if not (changed_only and entry.is_default)
+        if not own_only or entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     }
 
 

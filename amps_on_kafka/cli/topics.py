@@ -109,8 +109,8 @@ def list_(bootstrap, output) -> None:
 @reports_errors
 def describe(name, bootstrap, output) -> None:
     """NAME's registered spec (what clients publish with) beside Kafka's own view: its
-    partitions with their leaders and replicas, and its configuration that differs from
-    the broker's defaults."""
+    partitions with their leaders and replicas, and the configuration set on the topic
+    itself."""
     servers = kafka(bootstrap)
     spec = TopicRegistry(servers).entries().get(name)
     admin = admin_client(servers)
@@ -161,7 +161,7 @@ def _kafka_view(admin: AdminClient, name: str) -> dict | None:
     return {
         "partitions": partitions,
         "replication_factor": len(partitions[0]["replicas"]) if partitions else 0,
-        "configs": topic_configs(admin, name, changed_only=True),
+        "configs": topic_configs(admin, name, own_only=True),
     }
 
 

@@ -40,7 +40,8 @@ def test_describe_shows_the_registered_spec_beside_kafkas_view(run, name):
     text = run("topics", "describe", name).output
     assert "registered: 2 partitions, key /id, json, partitioner murmur2" in text
     assert "in Kafka:   2 partitions, replication factor 1" in text
-    assert "message.timestamp.type=LogAppendTime" in text  # set at creation, not a default
+    assert "message.timestamp.type=LogAppendTime" in text  # set on the topic at creation
+    assert "min.insync.replicas" not in text  # the broker's, not the topic's own
     doc = _json(run("topics", "describe", name, "--format", "json"))
     assert doc["registered"]["key"] == ["/id"] and doc["registered"]["partitions"] == 2
     assert [p["partition"] for p in doc["kafka"]["partitions"]] == [0, 1]
