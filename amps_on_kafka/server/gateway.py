@@ -187,7 +187,13 @@ class Gateway:
         """Beyond MaxConnections: say why, then close, without reading anything."""
         limit = self.settings.max_connections
         reason = f"too many connections: this gateway serves at most {limit} (MaxConnections)"
-        log.warning("refused a connection from %s: %s", writer.get_extra_info("peername"), reason)
+        peer = writer.get_extra_info("peername")
+        log.warning(
+            "refused a connection from %s: %s",
+            peer,
+            reason,
+            extra={"event": "connection_refused", "peer": peer, "limit": limit},
+        )
         writer.write(encode_frame(ack({}, "processed", reason)))
         writer.close()
         with suppress(ConnectionError):
