@@ -359,6 +359,14 @@ class QueueRuntime:
                         topic,
                         partition,
                         offset,
+                        extra={
+                            "event": "skipped",
+                            "queue": self.name,
+                            "topic": topic,
+                            "partition": partition,
+                            "offset": offset,
+                            "reason": "bad_header",
+                        },
                     )
                 entries.append(((topic, partition), offset))
                 continue
