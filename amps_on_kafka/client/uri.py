@@ -50,7 +50,8 @@ def parse_uri(uri: str) -> Endpoint:
             raise TransportError(f"{uri!r}: the path must be /amps/<message type>, e.g. /amps/json")
         message_type = segments[1] if len(segments) > 1 else "json"
         if not message_type.isalnum():
-            meant = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/amps/{re.sub(r'[^A-Za-z0-9].*', '', message_type)}"
+            host = parts.netloc.rpartition("@")[2]  # never the credentials
+            meant = f"{parts.scheme}://{host}/amps/{re.sub(r'[^A-Za-z0-9].*', '', message_type)}"
             raise TransportError(
                 f"{uri!r}: {message_type!r} is not a message type; did you mean {meant!r}?"
             )
