@@ -57,7 +57,8 @@ def test_the_tour_commands_work_over_sasl_ssl(secured_kafka):
 def test_a_worker_and_the_client_api_over_sasl_ssl(secured_kafka, tmp_path, monkeypatch):
     """The config's Kafka Properties (password from the environment) reach the worker's
     every client; the client API publishes with kafka_config; the SOW is served. The
-    worker logs at DEBUG with librdkafka's security debugging on: no password in it."""
+    worker logs at DEBUG with librdkafka's security debugging on: no password in it.
+    About 10 s: a worker process starting (imports, group join, recovery)."""
     monkeypatch.setenv(PASSWORD_ENV, secured_kafka.password)
     topic = f"secured-sow-{uuid.uuid4().hex[:8]}"
     config_file = _worker_config(secured_kafka, topic, tmp_path)
@@ -91,7 +92,11 @@ def test_a_worker_and_the_client_api_over_sasl_ssl(secured_kafka, tmp_path, monk
 
 
 def test_a_spark_export_reads_over_sasl_ssl(secured_kafka, tmp_path):
-    """The Spark tasks get the properties as kafka.* options and read every record."""
+    """The Spark tasks get the properties as kafka.* options and read every record.
+
+    The module's one slow test (20-80 s on a busy 2-core machine, nearly all of it the
+    Spark session's JVM and a first job): only a real job shows that what its tasks
+    receive connects."""
     pytest.importorskip("pyspark", reason="the spark extra")
     pq = pytest.importorskip("pyarrow.parquet")
     config = ("--kafka-config", str(secured_kafka.properties_file))
