@@ -1,11 +1,17 @@
-"""Avro topics take JSON as users write it: from a shell pipe and from the kafka:// client."""
+"""Avro topics take JSON as users write it: from a shell pipe, and from the client over
+kafka:// and over tcp:// (the gateway's wire carries JSON)."""
 
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from amps_on_kafka.client import Client
+from amps_on_kafka.errors import PublishError
 from tests.cli.test_cli import lines
+from tests.server.conftest import bare_gateway, client_to
+
+__all__ = ["bare_gateway", "client_to"]  # fixtures
 
 TRADE = {
     "type": "record",
@@ -41,4 +47,20 @@ def test_json_for_an_avro_topic_from_the_cli_and_the_client(run, bootstrap, topi
         {"sym": "AAPL", "qty": 7, "px": None},
         {"sym": "ORCL", "qty": 1, "px": 3.0},
         {"sym": "IBM", "qty": 1, "px": None},  # the line before the bad one
+    ]
+
+
+def test_json_for_an_avro_topic_over_tcp(run, bare_gateway, client_to, topic_factory):
+    topic = topic_factory(message_type="avro", schema=TRADE)
+    client = client_to(bare_gateway.address)
+    client.publish(topic, '{"sym": "IBM", "qty": 100, "px": 120.5}')
+    client.publish(topic, {"sym": "MSFT", "qty": 5})
+    client.publish_flush(10)
+    client.publish(topic, {"sym": "IBM", "qty": "many"})
+    with pytest.raises(PublishError, match="on field qty"):
+        client.publish_flush(10)
+    replayed = [r["data"] for r in lines(run("replay", topic, "--bookmark", "0").output)]
+    assert replayed == [
+        {"sym": "IBM", "qty": 100, "px": 120.5},
+        {"sym": "MSFT", "qty": 5, "px": None},
     ]
