@@ -27,6 +27,8 @@ COMMANDS = frozenset(
 
 
 class Command:
+    """An AMPS command to build and run with `client.execute` or `client.execute_async`."""
+
     def __init__(self, command: str) -> None:
         if command not in COMMANDS:
             raise ValueError(f"unknown command {command!r} (one of {', '.join(sorted(COMMANDS))})")
@@ -47,38 +49,47 @@ class Command:
         self.timeout: float | None = None
 
     def set_topic(self, topic: str) -> Command:
+        """The topic (or a regular expression of topics, for bookmark subscriptions)."""
         self.topic = topic
         return self
 
     def set_filter(self, filter: str) -> Command:
+        """A content filter (docs/filters.md)."""
         self.filter = filter
         return self
 
     def set_data(self, data: Any) -> Command:
+        """The payload of a publish: a dict (JSON), str or bytes."""
         self.data = data
         return self
 
     def set_bookmark(self, bookmark: str) -> Command:
+        """Where a subscription replays from: it becomes a bookmark subscription."""
         self.bookmark = bookmark
         return self
 
     def set_options(self, options: str) -> Command:
+        """AMPS's options, comma-separated (oof, rate=..., conflation=..., ...)."""
         self.options = options
         return self
 
     def set_order_by(self, order_by: str) -> Command:
+        """A query's order: `/field [ASC|DESC], ...`."""
         self.order_by = order_by
         return self
 
     def set_top_n(self, top_n: int) -> Command:
+        """Keep only the first n records of a query."""
         self.top_n = top_n
         return self
 
     def set_batch_size(self, batch_size: int) -> Command:
+        """Records per sow frame from the gateway."""
         self.batch_size = batch_size
         return self
 
     def set_sub_id(self, sub_id: str) -> Command:
+        """The subscription's id (unsubscribe, pause and bookmark stores use it)."""
         self.sub_id = sub_id
         return self
 
@@ -95,10 +106,12 @@ class Command:
         return self
 
     def set_expiration(self, seconds: float) -> Command:
+        """A publish's expiration, in seconds."""
         self.expiration = seconds
         return self
 
     def set_correlation_id(self, correlation_id: str) -> Command:
+        """An id stored with the record and delivered with it."""
         self.correlation_id = correlation_id
         return self
 

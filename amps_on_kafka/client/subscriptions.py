@@ -67,13 +67,10 @@ class StoredMessage:
         self.bookmarks.discard(self)
 
 
-def bound_class(base: type, sub_id: str, bookmarks: SubscriptionBookmarks | None) -> type:
-    """The class a subscription's messages are re-classed to: `sub_id` (a LogMessage has
-    no slot for it) and, with a store, `discard()` bound to it."""
-    namespace = {"__slots__": (), "sub_id": sub_id}
-    if bookmarks is None:
-        return type(base.__name__, (base,), namespace)
-    return type(base.__name__, (StoredMessage, base), {**namespace, "bookmarks": bookmarks})
+def bound_class(base: type, bookmarks: SubscriptionBookmarks) -> type:
+    """The class a subscription's messages are re-classed to: `discard()` bound to it."""
+    namespace = {"__slots__": (), "bookmarks": bookmarks}
+    return type(base.__name__, (StoredMessage, base), namespace)
 
 
 class _Feed:
@@ -130,13 +127,10 @@ class BookmarkSubscription:
         self._closed = False
         self._completed = False
         self._fresh = True  # nothing read yet: it stands where it started
-        kafka = isinstance(transport, KafkaTransport)
-        base = LogMessage if kafka else GatewayMessage
+        base = LogMessage if isinstance(transport, KafkaTransport) else GatewayMessage
         self._base = base
         self._bookmarks = store.subscription(sub_id) if store is not None else None
-        # Log records need the class for their sub_id; gateway messages carry theirs.
-        needs_class = kafka or self._bookmarks is not None
-        self._bound = bound_class(base, sub_id, self._bookmarks) if needs_class else None
+        self._bound = bound_class(base, self._bookmarks) if self._bookmarks else None
         self.stream = MessageStream(self._deliver(), self.close, sub_id, idle_timeout=timeout)
 
     @property
@@ -155,7 +149,8 @@ class BookmarkSubscription:
         reads nothing more and keeps its exact place (ticking while it waits)."""
         gate = self.gate
         log = self._bookmarks.log if self._bookmarks is not None else None
-        base, bound = self._base, self._bound
+        base, bound, sub_id = self._base, self._bound, self.sub_id
+        stamp = base is LogMessage  # a log record learns its sub_id here (a gateway's has it)
         while True:
             while gate.paused and not self._closed:
                 if not gate.wait(TICK_INTERVAL):
@@ -170,11 +165,14 @@ class BookmarkSubscription:
                     if self._completed:
                         continue  # a replay shared on resume ends its own replay too
                     self._completed = True
-                elif bound is not None:
-                    if type(item) is base:
-                        item.__class__ = bound
-                    if log is not None and not log(item):
-                        continue
+                else:
+                    if stamp:
+                        item.sub_id = sub_id
+                    if bound is not None:
+                        if type(item) is base:
+                            item.__class__ = bound
+                        if not log(item):  # type: ignore[misc]  # log is set when bound is
+                            continue
                 yield item
                 if gate.paused:
                     break

@@ -77,6 +77,7 @@ class Message:
 
     @property
     def sow_key(self) -> str | None:
+        """The record's key in its SOW topic."""
         return None
 
     @property
@@ -96,6 +97,7 @@ class Message:
 
     @property
     def correlation_id(self) -> str | None:
+        """The publisher's correlation id, delivered with the record."""
         return None
 
     @property
@@ -167,6 +169,7 @@ class LogMessage(Message):
         "offset",
         "partition",
         "raw",
+        "sub_id",
         "timestamp",
         "topic",
     )
@@ -197,6 +200,7 @@ class LogMessage(Message):
         self._envelope: Envelope | None = None
         self._data: Any = _UNSET
         self.computed_key: str | None = None  # the SOW key, once a worker computed it
+        self.sub_id: str | None = None  # type: ignore[misc]  # set by a client's subscription
 
     @property
     def headers(self) -> list[tuple[str, bytes]] | None:

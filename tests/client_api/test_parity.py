@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import inspect
 
-from amps_on_kafka import COMPLETED, Command, HAClient
-from amps_on_kafka.client import Client, ClientBase, MessageStream
+from amps_on_kafka import COMPLETED, AsyncClient, Command, HAClient, Message
+from amps_on_kafka.client import AsyncStream, Client, ClientBase, MessageStream
 
 
 def public_methods(cls: type) -> dict[str, inspect.Signature]:
@@ -25,7 +25,7 @@ def test_ha_client_has_every_client_method_with_the_same_signature():
 
 
 def test_every_public_method_has_a_docstring():
-    for cls in (Client, HAClient):
+    for cls in (Client, HAClient, AsyncClient, AsyncStream, MessageStream, Command, Message):
         for name, member in inspect.getmembers(cls, inspect.isfunction):
             if not name.startswith("_"):
                 assert inspect.getdoc(member), f"{cls.__name__}.{name}"
