@@ -48,6 +48,16 @@ def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
     return b"".join((_PREFIX.pack(4 + len(encoded) + len(payload), len(encoded)), encoded, payload))
 
 
+def count_frames(frames: bytes) -> int:
+    """How many frames `frames`, encoded back to back, holds (the gateway counts what it
+    sends a burst at a time)."""
+    count = offset = 0
+    while offset + 4 <= len(frames):
+        offset += 4 + _LENGTH.unpack_from(frames, offset)[0]
+        count += 1
+    return count
+
+
 def parse_header(raw: bytes | bytearray) -> dict[str, Any]:
     """The header object; ValueError says why it isn't one."""
     try:

@@ -38,7 +38,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.log.publisher import LogPublisher
-from amps_on_kafka.protocol.frames import READ_SIZE, BadFrame, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.protocol.frames import (
+    READ_SIZE,
+    BadFrame,
+    Frame,
+    FrameDecoder,
+    count_frames,
+    encode_frame,
+)
 from amps_on_kafka.security.auth import Credentials, Identity, audit
 from amps_on_kafka.security.entitlements import Denied, ReadAccess, UserEntitlements
 from amps_on_kafka.security.tls import certificate_subject
@@ -223,16 +230,16 @@ class Session:
 
     # -- writing -------------------------------------------------------------------
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
-        self.send_encoded(encode_frame(header, payload))
+        self.send_encoded(encode_frame(header, payload), 1)
 
-    def send_encoded(self, frames: bytes, count: int = 1) -> None:
-        """`count` frames already encoded (several at once: one write for a burst of
-        deliveries)."""
+    def send_encoded(self, frames: bytes, count: int | None = None) -> None:
+        """Frames already encoded (several at once: one write for a burst of deliveries);
+        `count` of them, when the caller knows (else they are counted)."""
         if self.closed:
             return
         self.writer.write(frames)
         traffic = self.traffic
-        traffic.frames_out += count
+        traffic.frames_out += count_frames(frames) if count is None else count
         traffic.bytes_out += len(frames)
         if self.writer.transport.get_write_buffer_size() > self.gateway.max_queued_bytes:
             log.warning(
