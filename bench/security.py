@@ -2,14 +2,16 @@
 
     python -m bench security [--records 100000] [--publishes 50000] [--rounds 3]
 
-One worker keeps a SOW topic of `--records` orders; three gateways serve it in turn:
-plain (tcp://, anonymous), TLS (tcps://, anonymous) and entitled (tcp://, a user from a
-users file whose Read grant carries the entitlement filter `/qty >= 1`, which every
-record matches, so the same records are delivered and the difference is the filter's
-cost). A client in a spawned process (as an application, with a GIL of its own)
-publishes `--publishes` messages to a log topic (then publish_flush) and queries the
+One worker keeps a SOW topic of `--records` orders; gateways serve it in turn: plain
+(tcp://, anonymous), TLS (tcps://, anonymous), entitled (tcp://, a user from a users file
+whose Read grant carries the entitlement filter `/qty >= 1`, which every record matches,
+so the same records are delivered) and filtered (plain, the client's query carrying that
+same filter itself). A client in a spawned process (as an application, with a GIL of its
+own) publishes `--publishes` messages to a log topic (then publish_flush) and queries the
 whole SOW. Each figure is the best of `--rounds` runs, the variants alternating; the
-ratios are secured / plain (1.00 = free).
+ratios are secured / plain (1.00 = free), and entitled / filtered: what an entitlement
+filter costs beyond the filter it is (a query without any filter sends the stored bytes
+without decoding them; any filter decodes every record).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from bench.sow import fill, run_until_caught_up
 
 PASSWORD = "bench-password"
 ENTITLEMENT_FILTER = "/qty >= 1"  # every bench document matches (qty is 1..1000)
-VARIANTS = ("plain", "tls", "entitled")
+VARIANTS = ("plain", "tls", "entitled", "filtered")
 
 
 def config(sow_topic: str, log_topic: str, work: Path, variant: str) -> Config:
@@ -64,7 +66,7 @@ def uri(address: str, variant: str, work: Path) -> str:
 
 
 def client_run(
-    uri: str, log_topic: str, sow_topic: str, publishes: int
+    uri: str, log_topic: str, sow_topic: str, publishes: int, filter: str | None
 ) -> tuple[float, float, int]:
     """In the client process: seconds to publish (and flush), seconds to query, records."""
     payload = documents(1)[0]
@@ -77,7 +79,7 @@ def client_run(
         client.publish_flush(300)
         published = time.perf_counter() - start
         start = time.perf_counter()
-        records = sum(1 for _ in client.sow(sow_topic, batch_size=1000))
+        records = sum(1 for _ in client.sow(sow_topic, filter, batch_size=1000))
         return published, time.perf_counter() - start, records
 
 
@@ -134,7 +136,8 @@ def one_run(
         security=Security.from_config(settings),
     ) as gateway:
         target = uri(gateway.address, variant, work)
-        run = client.submit(client_run, target, log_topic, sow_topic, args.publishes)
+        own = ENTITLEMENT_FILTER if variant == "filtered" else None
+        run = client.submit(client_run, target, log_topic, sow_topic, args.publishes, own)
         published, queried, records = run.result()
     assert records == args.records, (variant, records)
     return published, queried
@@ -152,11 +155,15 @@ def main(argv: list[str] | None = None) -> None:
     log_topic = new_topic(servers, "security-log", 1)
     fill(servers, sow_topic, documents(args.records, args.records))
     best = run_variants(servers, (sow_topic, log_topic), args)
+    comparisons = (
+        ("tls", "plain", "over tcps:// vs tcp://"),
+        ("entitled", "plain", "with an entitlement filter vs none"),
+        ("entitled", "filtered", "entitlement filter vs the same filter sent"),
+    )
     for index, (what, count) in enumerate([("publish", args.publishes), ("sow", args.records)]):
-        plain = Result("plain", best["plain"][index], count)
-        for variant, title in (("tls", "over tcps:// vs tcp://"), ("entitled", "entitled")):
-            ours = Result(variant, best[variant][index], count)
-            report(f"{what} {title}", ours, plain)
+        for ours, peer, title in comparisons[: 2 if what == "publish" else 3]:  # no filter
+            mine = Result(ours, best[ours][index], count)
+            report(f"{what} {title}", mine, Result(peer, best[peer][index], count))
 
 
 if __name__ == "__main__":
