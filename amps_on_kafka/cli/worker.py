@@ -123,7 +123,8 @@ def _serve(
         gateway = _start_gateway(processor, servers, listen)
         if admin is not None:
             admin.sources.gateway = gateway
-        _announce(gateway.address, processor.state_dir, ready_file, admin)
+        scheme = "tcps" if processor.config.gateway.tls is not None else "tcp"
+        _announce(f"{scheme}://{gateway.address}", processor.state_dir, ready_file, admin)
         Summary(processor, gateway=partial(_gateway_counts, gateway)).start(stopping)
         # Not Thread.join: a signal interrupting it marks the thread as stopped (CPython's
         # bpo-45274 handling), and stop() would then not wait for the stores to close.
@@ -142,10 +143,11 @@ def _serve(
 
 
 def _announce(
-    address: str, state_dir: Path, ready_file: Path | None, admin: AdminServer | None
+    gateway: str, state_dir: Path, ready_file: Path | None, admin: AdminServer | None
 ) -> None:
-    """The ready line (space-separated key=value, nothing glued to the URI) and file."""
-    uri = f"tcp://{address}/amps/json"
+    """The ready line (space-separated key=value, nothing glued to the URI) and file;
+    `gateway` is scheme://host:port (tcps:// when the gateway serves TLS)."""
+    uri = f"{gateway}/amps/json"
     admin_url = None if admin is None else f"http://{admin.address}"
     if ready_file is not None:  # first: whoever saw the line finds the file
         info = {"gateway": uri, "admin": admin_url, "pid": os.getpid(), "state_dir": str(state_dir)}
