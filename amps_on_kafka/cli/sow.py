@@ -18,6 +18,7 @@ import orjson
 from amps_on_kafka.cli.common import cli_client_name, reports_errors
 from amps_on_kafka.cli.replay import iso_time
 from amps_on_kafka.client import Client, Message
+from amps_on_kafka.client.uri import shown
 
 DEFAULT_SERVER = "tcp://127.0.0.1:9007/amps/json"
 
@@ -127,7 +128,7 @@ def ping(server, timeout) -> None:
         client.heartbeat(timeout)
         answered = time.perf_counter()
     click.echo(
-        f"{server}: logon {(logged_on - started) * 1000:.1f} ms, "
+        f"{shown(server)}: logon {(logged_on - started) * 1000:.1f} ms, "
         f"heartbeat {(answered - logged_on) * 1000:.1f} ms"
     )
 

@@ -22,7 +22,7 @@ from amps_on_kafka.client.kafka_transport import KafkaConfigSource, KafkaTranspo
 from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription, BookmarkSubscriptions
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH, TcpTransport
-from amps_on_kafka.client.uri import parse_uri
+from amps_on_kafka.client.uri import parse_uri, shown
 from amps_on_kafka.errors import TransportError
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.envelope import Command
@@ -56,9 +56,9 @@ class Client(ClientBase):
             bootstrap = secured(endpoint.address, kafka_config)
             self._transport = KafkaTransport(bootstrap, self.name)
         elif kafka_config is not None:
-            raise TransportError(f"{uri!r}: kafka_config is for kafka:// URIs")
+            raise TransportError(f"{shown(uri)!r}: kafka_config is for kafka:// URIs")
         elif endpoint.message_type != "json":
-            raise TransportError(f"{uri!r}: the gateway speaks /amps/json only")
+            raise TransportError(f"{shown(uri)!r}: the gateway speaks /amps/json only")
         else:
             self._transport = TcpTransport(
                 endpoint.address,

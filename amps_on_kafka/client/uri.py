@@ -33,7 +33,7 @@ def parse_uri(uri: str) -> Endpoint:
     """Surrounding blanks are dropped; a message type with stray characters (a comma copied
     from a log line) is refused with the URI it probably meant."""
     parts = urlsplit(uri.strip())
-    uri = _without_password(uri.strip(), parts.password)  # as errors show it
+    uri = shown(uri)  # as errors show it
     if parts.scheme == "kafka":
         if not parts.netloc:
             raise TransportError(
@@ -83,6 +83,8 @@ def _tls(uri: str, scheme: str, query: str) -> TlsOptions | None:
     return TlsOptions(options.get("ca"), options.get("cert"), options.get("key"))
 
 
-def _without_password(uri: str, password: str | None) -> str:
-    """The URI as errors may show it: never with its password."""
+def shown(uri: str) -> str:
+    """The URI as errors and output may show it: never with its password."""
+    uri = uri.strip()
+    password = urlsplit(uri).password
     return uri if not password else uri.replace(f":{password}@", ":***@", 1)
