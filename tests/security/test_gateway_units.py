@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amps_on_kafka.cli import main
-from amps_on_kafka.client.uri import parse_uri
+from amps_on_kafka.client.uri import parse_uri, shown
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import ConfigError, TransportError
 from amps_on_kafka.security.auth import (
@@ -223,6 +223,7 @@ def test_tcps_uris_carry_tls_files_and_credentials() -> None:
     assert endpoint.password == "p:w"
     assert (endpoint.tls.ca, endpoint.tls.cert, endpoint.tls.key) == ("/c.pem", "a", "b")
     assert "p:w" not in repr(endpoint)
+    assert shown(" tcps://al:pw@h:1/amps/json ") == "tcps://al:***@h:1/amps/json"  # ping's
     assert parse_uri("tcp://h:1/amps/json").tls is None
     for bad in ("tcp://h:1/amps/json?ca=x", "tcps://h:1/amps/json?nope=1", "tcps://h:1/?key=k"):
         with pytest.raises(TransportError):
