@@ -2,7 +2,7 @@
 
     python -m bench robustness [--records 100] [--queries 10000] [--flood-seconds 10]
                                [--publishers 3] [--outage-seconds 20] [--publish-timeout 10]
-                               [--only flood|outage]
+                               [--only flood|outage] [--outage-target sow|log|both]
 
 The worker is the real `amps-kafka worker`, in a process of its own, so its resident
 memory (VmRSS) is the worker's alone; the clients run here. Each scenario reports the
@@ -17,7 +17,11 @@ another client saw meanwhile (median, 99th percentile, worst).
   `--outage-seconds` and started again. Reported: the acks (persisted / failed with a
   reason / never answered). Before issue 13 three publishers took the worker from 64 to
   707 MiB. `--publish-timeout` is the worker's Gateway PublishTimeout (30 s by default in
-  a config; shorter here so the run is short).
+  a config; shorter here so the run is short). The outage runs twice by default, with a
+  fresh worker each time: publishing to a SOW topic (the worker also writes what it
+  applies to RocksDB, whose memtables grow up to their flush size and stay) and to a
+  plain log topic of the same worker (no SOW: only the gateway's memory), so the two
+  causes of a higher RSS after the outage can be told apart.
 """
 
 from __future__ import annotations
@@ -60,11 +64,14 @@ def rss_mib(pid: int) -> float:
 
 
 @contextmanager
-def worker(servers: str, topic: str, publish_timeout: float) -> Iterator[tuple[int, str]]:
-    """`amps-kafka worker` on a free port, serving `topic`'s SOW; yields (pid, address)."""
+def worker(
+    servers: str, topic: str, publish_timeout: float, log_topic: str | None = None
+) -> Iterator[tuple[int, str]]:
+    """`amps-kafka worker` on a free port, serving `topic`'s SOW (and `log_topic`, a topic
+    without a SOW, when given); yields (pid, address)."""
     work = Path(tempfile.mkdtemp(prefix="bench-robustness-"))
     config = {
-        "Topics": [{"Name": topic}],
+        "Topics": [{"Name": name} for name in (topic, log_topic) if name is not None],
         "SOW": [{"Topic": topic, "Key": "/id"}],
         "Gateway": {"PublishTimeout": f"{publish_timeout:g}s"},
         "Authentication": {"Anonymous": True},
@@ -247,37 +254,47 @@ def outage(args: argparse.Namespace) -> None:
     broker = LocalBroker(data_dir, port=port, controller_port=controller_port)
     servers = broker.start()
     try:
-        topic = new_topic(servers, "robustness-outage", 1, key=("/id",))
-        with worker(servers, topic, args.publish_timeout) as (pid, address):
-            before = settle(pid, 2)
-            with Watch(pid, address) as watch:
-                publishers = [
-                    Publisher(address, topic, f"bench-pub-{n}") for n in range(args.publishers)
-                ]
-                time.sleep(3)  # publishing normally first
-                broker.stop()
-                stopped = watch.since()
-                time.sleep(args.outage_seconds)  # the outage lasts this long
-                broker.start()
-                started = watch.since()
-                time.sleep(3)
-                for publisher in publishers:
-                    publisher.finish()
-            after = settle(pid)
-            show("outage", before, watch, after)
-            print(f"         broker stopped at {stopped:.1f} s, answering again at {started:.1f} s")
-            sent = sum(p.sent for p in publishers)
-            acks = sum((p.acks for p in publishers), Counter())
-            reasons = sum((p.reasons for p in publishers), Counter())
-            print(
-                f"         {sent} publishes: {acks['success']} persisted, {acks['failure']} "
-                f"failed with a reason ({dict(reasons)}), "
-                f"{sent - acks['success'] - acks['failure']} unanswered",
-                flush=True,
-            )
+        targets = ("sow", "log") if args.outage_target == "both" else (args.outage_target,)
+        for target in targets:
+            outage_once(broker, servers, target, args)
     finally:
         broker.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def outage_once(broker: LocalBroker, servers: str, target: str, args: argparse.Namespace) -> None:
+    """One outage, the publishers writing to the worker's SOW topic or to its log topic."""
+    sow_topic = new_topic(servers, "robustness-outage", 1, key=("/id",))
+    log_topic = new_topic(servers, "robustness-outage-log", 1)
+    topic = sow_topic if target == "sow" else log_topic
+    with worker(servers, sow_topic, args.publish_timeout, log_topic) as (pid, address):
+        before = settle(pid, 2)
+        with Watch(pid, address) as watch:
+            publishers = [
+                Publisher(address, topic, f"bench-pub-{n}") for n in range(args.publishers)
+            ]
+            time.sleep(3)  # publishing normally first
+            broker.stop()
+            stopped = watch.since()
+            time.sleep(args.outage_seconds)  # the outage lasts this long
+            broker.start()
+            started = watch.since()
+            time.sleep(3)
+            for publisher in publishers:
+                publisher.finish()
+        after = settle(pid)
+        show(f"outage ({target} topic)", before, watch, after)
+        print(f"         RSS {settle(pid, 25):.0f} MiB 30 s after", flush=True)
+        print(f"         broker stopped at {stopped:.1f} s, answering again at {started:.1f} s")
+        sent = sum(p.sent for p in publishers)
+        acks = sum((p.acks for p in publishers), Counter())
+        reasons = sum((p.reasons for p in publishers), Counter())
+        print(
+            f"         {sent} publishes: {acks['success']} persisted, {acks['failure']} "
+            f"failed with a reason ({dict(reasons)}), "
+            f"{sent - acks['success'] - acks['failure']} unanswered",
+            flush=True,
+        )
 
 
 def main(argv: list[str]) -> None:
@@ -289,6 +306,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--outage-seconds", type=float, default=20.0)
     parser.add_argument("--publish-timeout", type=float, default=10.0)
     parser.add_argument("--only", choices=("flood", "outage"))
+    parser.add_argument("--outage-target", choices=("sow", "log", "both"), default="both")
     args = parser.parse_args(argv)
     print(f"worker RSS (VmRSS of the worker process), {os.cpu_count()} cores", flush=True)
     if args.only != "outage":

@@ -5,10 +5,12 @@ limits, grants first come first served, and never leaves a waiter that would fit
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from amps_on_kafka.server import publishing
 from amps_on_kafka.server.publishing import PublishBudget
 
 MAX_BYTES = 1000
@@ -68,3 +70,55 @@ async def run(plan: list[tuple[str, int]]) -> None:
 @given(steps)
 def test_the_budget_bounds_grants_in_order_and_returns_to_zero(plan):
     asyncio.run(run(plan))
+
+
+def test_memory_is_handed_back_when_the_budget_empties_after_holding_much(monkeypatch):
+    """librdkafka's copies of publishes are freed into malloc arenas glibc keeps; once
+    the budget empties after holding TRIM_AFTER_BYTES, they are returned (malloc_trim)."""
+    trimmed = threading.Event()
+    calls: list[int] = []
+
+    def record() -> None:
+        calls.append(1)
+        trimmed.set()
+
+    monkeypatch.setattr(publishing, "release_freed_memory", record)
+
+    async def scenario() -> None:
+        budget = PublishBudget(64 << 20, 100)
+        small = 1024
+        await budget.reserve(small)
+        budget.release(small)  # held little: nothing to hand back
+        big = publishing.TRIM_AFTER_BYTES
+        await budget.reserve(big)
+        await budget.reserve(small)
+        budget.release(big)  # not empty yet
+        assert not calls
+        budget.release(small)
+        await asyncio.get_running_loop().run_in_executor(None, trimmed.wait, 10)
+
+    asyncio.run(scenario())
+    assert calls == [1]
+
+
+def test_memory_is_handed_back_after_many_small_publishes_too(monkeypatch):
+    """librdkafka spends about a kilobyte per publish beside its payload: many small ones
+    count (TRIM_AFTER_COMMANDS) as much as many bytes."""
+    trimmed = threading.Event()
+    monkeypatch.setattr(publishing, "release_freed_memory", trimmed.set)
+
+    async def scenario() -> None:
+        count = publishing.TRIM_AFTER_COMMANDS
+        budget = PublishBudget(64 << 20, count)
+        for _ in range(count):
+            await budget.reserve(10)
+        for _ in range(count):
+            budget.release(10)
+        await asyncio.get_running_loop().run_in_executor(None, trimmed.wait, 10)
+
+    asyncio.run(scenario())
+    assert trimmed.is_set()
+
+
+def test_release_freed_memory_runs_where_the_libc_has_it_or_not():
+    publishing.release_freed_memory()  # glibc: malloc_trim(0); elsewhere nothing
