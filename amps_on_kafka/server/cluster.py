@@ -60,6 +60,7 @@ LOCAL = ""  # the owner of a partition held here, in a plan
 RESULTS = "_results"  # a peer's sow_delete asks for its records' results: {p, s}
 RESULT = "_result"  # one of them, sent back
 RESULTS_WAIT = 60.0  # seconds a sow_delete waits for the peers' partitions to apply it
+PLAN_WAIT = 5.0  # seconds a query waits for a partition with no worker before retry:
 MAX_IDLE_LINKS = 4  # idle logged-on links kept per peer for forwarded queries (PeerPool)
 # A peer's frames: a sow batch is at most about 1 MiB of payload (queries.BATCH_BYTES)
 # beyond one record, and a record at most a publish frame (MaxFrameBytes).
@@ -115,6 +116,7 @@ class Cluster:
         self.membership = membership
         self._spread: set[SpreadSubscription] = set()
         self.pool = PeerPool(gateway.peer_access)
+        self._change: asyncio.Future[None] = gateway.loop.create_future()  # done at a change
         membership.directory.on_change(self._directory_changed)
         gateway.engine.on_assignment(self._directory_changed)
 
@@ -157,9 +159,30 @@ class Cluster:
         self.pool.give(link)
         return QueryResult(records, int(header.get("matches", len(records))))  # type: ignore[arg-type]
 
-    async def plan(self, topic: str) -> Plan:
+    async def plan(self, topic: str, deadline: float | None = None) -> Plan:
+        """Who answers for each partition now; while a partition has no worker, wait for
+        the group to change (until `deadline`, loop time, else PLAN_WAIT from now), then
+        PartitionsMoving. A move that settles meanwhile is not seen by the client."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PLAN_WAIT if deadline is None else deadline
         count = await self.gateway.blocking(self.membership.partition_count, topic)
-        return self.current(topic, count)
+        while True:
+            changed = self._change
+            try:
+                return self.current(topic, count)
+            except PartitionsMoving as exc:
+                await self._wait(changed, deadline, exc)
+
+    async def _wait(
+        self, changed: asyncio.Future[None], deadline: float, error: PartitionsMoving
+    ) -> None:
+        """Until the group changes after `changed` was taken; `error` once `deadline`
+        (loop time) has passed."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise error
+        with suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(changed), remaining)
 
     def current(self, topic: str, count: int) -> Plan:
         """The plan as the directory and the engine have it now; PartitionsMoving when a
@@ -193,13 +216,24 @@ class Cluster:
             return await self.gateway.blocking(
                 lambda: engine.query(query.topic, partitions=parts, **options)
             )
-        plan = await self.plan(query.topic)
+        deadline = asyncio.get_running_loop().time() + PLAN_WAIT
+        while True:
+            changed = self._change
+            plan = await self.plan(query.topic, deadline)
+            try:
+                answers = await self._gather(plan, request, query)
+            except PartitionsMoving as exc:  # a stale claim: its worker no longer serves it
+                await self._wait(changed, deadline, exc)
+                continue
+            return await self.gateway.blocking(merge, answers, query.order_by, query.top_n)
+
+    async def _gather(self, plan: Plan, request: Request, query: Query) -> list[QueryResult]:
+        engine, options = self.gateway.engine, query.options()
         local = self.gateway.blocking(
             lambda: engine.query(query.topic, partitions=plan.local, **options)
         )
         asked = (self._ask(address, parts, request) for address, parts in plan.remote.items())
-        answers = await all_of(local, *asked)
-        return await self.gateway.blocking(merge, answers, query.order_by, query.top_n)
+        return await all_of(local, *asked)
 
     # -- subscriptions ----------------------------------------------------------------
     async def subscribe(self, session: Session, request: Request, sub: SowSubscription) -> None:
@@ -313,6 +347,8 @@ class Cluster:
     def _recheck(self) -> None:
         for spread in list(self._spread):
             spread.recheck()
+        changed, self._change = self._change, self.gateway.loop.create_future()
+        changed.set_result(None)
 
 
 class SpreadSubscription:

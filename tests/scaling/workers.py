@@ -43,6 +43,7 @@ class WorkerProcess:
         self.log = base / f"{name}.log"
         self.process: subprocess.Popen | None = None
         self.address: str | None = None
+        self.killed = False  # set before the signal: its sockets may close before it's reaped
 
     def start(self) -> WorkerProcess:
         command = [sys.executable, "-m", "amps_on_kafka.cli", "worker"]
@@ -52,6 +53,7 @@ class WorkerProcess:
         command += ["--log-level", "INFO"]
         self.ready_file.unlink(missing_ok=True)
         self.address = None  # a new port: the old address answers no more
+        self.killed = False
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, stderr=log, stdout=log)
         return self
@@ -71,6 +73,7 @@ class WorkerProcess:
     def kill(self) -> None:
         """SIGKILL: no tombstone, no leaving the group, stores as the crash left them."""
         if self.process is not None and self.process.poll() is None:
+            self.killed = True
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
 
@@ -84,4 +87,4 @@ class WorkerProcess:
 
     @property
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.process is not None and not self.killed and self.process.poll() is None
