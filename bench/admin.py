@@ -171,6 +171,28 @@ def counters_per_publish(loops: int = 200_000) -> float:
     return (time.perf_counter() - start) / loops
 
 
+def scrape_cpu(servers: str, topic: str, scrapes: int = 50) -> float:
+    """CPU seconds of one scrape of /metrics and /admin (server and client both in this
+    process, so an upper bound), against a worker holding the topic and its gateway."""
+    with tempfile.TemporaryDirectory() as state:
+        worker = Worker(sow_config(topic, 1), servers, state, group_id=f"bench-{topic}-scrape")
+        run_until_caught_up(worker, topic, end_offsets(servers, topic))
+        gateway = Gateway(worker.engine, servers, listen="127.0.0.1:0")
+        gateway.start()
+        settings = AdminConfig(Listen="127.0.0.1:0")
+        try:
+            with AdminServer(Sources(worker, gateway), settings) as admin:
+                start = cpu_seconds()
+                for _ in range(scrapes):
+                    for path in ("/metrics", "/admin"):
+                        with urlopen(f"http://{admin.address}{path}", timeout=10) as response:
+                            response.read()
+                return (cpu_seconds() - start) / scrapes
+        finally:
+            gateway.stop()
+            worker.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench admin")
     parser.add_argument("--messages", type=int, default=300_000)
@@ -198,6 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"counters per publish: {hooks * 1e9:.0f} ns, {hooks / per_publish:.2%} of the "
         f"{per_publish * 1e6:.0f} us of CPU a publish takes (they run either way)",
+        flush=True,
+    )
+    scrape = scrape_cpu(servers, topic)
+    print(
+        f"one scrape of /metrics and /admin: {scrape * 1e3:.1f} ms of CPU; scraped every "
+        f"{every:g} s that is {scrape / every:.2%} of a core, every 15 s {scrape / 15:.3%}",
         flush=True,
     )
 
