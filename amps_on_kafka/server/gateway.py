@@ -235,7 +235,10 @@ class Gateway:
             raise
         throttle.succeeded(f"user {credentials.user}")
         audit.info(
-            "logon: user=%r method=%s address=%s", identity.user, identity.method, session.peer
+            "logon: user=%r method=%s address=%s",
+            identity.user,
+            identity.method,
+            credentials.address,
         )
         return identity
 
