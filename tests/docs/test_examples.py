@@ -4,11 +4,12 @@ One test per page; a page's runnable blocks (```python, ```sh, ```bash) run in t
 page's order and share its state: the Python blocks one namespace, every block one
 temporary working directory (with the files of `config/` linked into it, so the paths the
 docs use work). The docs are written for a local broker at 127.0.0.1:39092 and a gateway at
-127.0.0.1:9007; each block's text has those rewritten to the test broker and to a free
-port of the page's own, and the environment carries them too (KAFKA_BOOTSTRAP_SERVERS,
-AMPS_KAFKA_SERVER), with the venv's bin first on PATH. Each `amps-kafka worker` is given
-a consumer group of the page's own, so that workers of other runs on a shared broker
-don't take its partitions.
+127.0.0.1:9007; each block's text has those rewritten to the test broker and to the
+gateway of the page's own worker (started on a free port: `--listen 127.0.0.1:0`, its
+address read from its ready file), and the environment carries them too
+(KAFKA_BOOTSTRAP_SERVERS, AMPS_KAFKA_SERVER), with the venv's bin first on PATH. Each
+`amps-kafka worker` is given a consumer group of the page's own, so that workers of other
+runs on a shared broker don't take its partitions.
 
 What a page can say to the collector, on the line right before a block:
 
@@ -34,11 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -59,6 +60,7 @@ FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 DIRECTIVE = re.compile(r"<!--\s*example:\s*(?P<kind>[\w-]+)\s*(?P<rest>.*?)\s*-->")
 BLOCK_TIMEOUT = 120.0  # seconds: a shell block that takes longer is a hang, not an example
 READY_TIMEOUT = 60.0
+NO_GATEWAY = "127.0.0.1:1"  # refuses connections: a page that uses 9007 without a worker
 # The machine's own broker may be the one the tests use: an example must not stop it.
 DISTURBS_THE_BROKER = re.compile(r"amps-kafka\s+broker\s+(start|stop)")
 
@@ -111,19 +113,13 @@ def test_parse_reads_fences_directives_and_requirements():
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class Page:
     """One page's run: its directory, environment, Python namespace and background jobs."""
 
     def __init__(self, path: Path, workdir: Path, bootstrap: str) -> None:
         self.path = path
         self.workdir = workdir
-        self.gateway = f"127.0.0.1:{_free_port()}"
+        self.gateway = NO_GATEWAY  # until the page starts a worker
         self.group = f"docs-{path.stem}-{uuid.uuid4().hex[:8]}"
         self.bootstrap = bootstrap
         (workdir / "config").mkdir()  # the repo's config/, entry by entry: writable, apart
@@ -214,7 +210,7 @@ class Page:
     def start(self, block: Block) -> None:
         """Start a background block; wait for the worker it starts (if any) to be ready."""
         ready = self.workdir / f".example-ready-{block.line}.json"
-        text = self.localise(block.text)
+        text = self.localise(block.text.replace(DOC_GATEWAY, "127.0.0.1:0"))
         starts_worker = "amps-kafka worker" in text and "--ready-file" not in text
         if starts_worker:
             text = text.replace("amps-kafka worker", f"amps-kafka worker --ready-file {ready}")
@@ -235,6 +231,10 @@ class Page:
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"{self.where(block)}: no worker ready\n{self.output(block)}")
             time.sleep(0.1)  # polling for the ready file, with the deadline above
+        if starts_worker:
+            gateway = json.loads(ready.read_text())["gateway"]
+            self.gateway = gateway.removeprefix("tcp://").removesuffix("/amps/json")
+            self.env["AMPS_KAFKA_SERVER"] = os.environ["AMPS_KAFKA_SERVER"] = gateway
 
     def output(self, block: Block) -> str:
         return (self.workdir / f".example-{block.line}.log").read_text()
