@@ -210,7 +210,7 @@ class Gateway:
         self._threads.append(thread)
         thread.start()
 
-    async def authenticate(self, session: Session, credentials: Credentials) -> Identity:
+    async def authenticate(self, credentials: Credentials) -> Identity:
         """Who the logon is (LogonFailed if nobody), after the wait that failed logons for
         its user or from its address impose (security/auth.py, Throttle)."""
         throttle = self.security.throttle

@@ -372,7 +372,7 @@ async def logon(session: Session, request: Request) -> None:
         str(session.peer[0]) if isinstance(session.peer, tuple) else str(session.peer),
     )
     gateway = session.gateway
-    identity = await gateway.authenticate(session, credentials)
+    identity = await gateway.authenticate(credentials)
     if session.closed:
         return
     session.identity = identity
