@@ -14,9 +14,9 @@ while it matches, and Python hands it back to the loop every switch interval); t
 then writes each subscription's frames. Jobs run one after another, so every
 subscription receives its changes in log order, as before.
 
-Bound: the backlog (the batches waiting for or in a job) holds at most
-MAX_BACKLOG_CHANGES changes and MAX_BACKLOG_BYTES of records. At the end of a job that
-leaves it over either, and no smaller than after the last such failure (the subscriptions
+Bound: the backlog (the batches waiting for or in a job) may hold MAX_BACKLOG_CHANGES
+changes and MAX_BACKLOG_BYTES of records. At the end of a job that leaves more, and no
+smaller than after the last such failure (the subscriptions
 left are not catching up either), the subscription whose filtering took the longest in
 that job is failed with a reason (a failure ack naming it), as a reader too slow for its
 deliveries is disconnected: live changes can't wait for one subscriber.
