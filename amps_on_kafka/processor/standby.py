@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from amps_on_kafka.log.kafka import consume_available, partitions_of, reader
-from amps_on_kafka.log.message import LogMessage
-from amps_on_kafka.state.sow import Applied, SowRules
-from amps_on_kafka.state.store import PartitionStore, StateBatch, store_path
+from amps_on_kafka.processor.staging import log_messages, stage, stage_expiry
+from amps_on_kafka.state.store import PartitionStore, store_path
 
 if TYPE_CHECKING:
     from amps_on_kafka.processor.worker import Worker
@@ -118,43 +117,15 @@ class Standby:
         log.info("standby copy of %s|%s from %s", topic, partition, stored or "the start")
 
     def _apply(self, store: PartitionStore, batch: list[Message]) -> None:
-        from amps_on_kafka.processor.worker import _keys_to_read
-
-        rules: SowRules = self.worker.rules[store.topic]
-        messages = [
-            LogMessage(
-                store.topic,
-                store.partition,
-                r.offset(),
-                r.timestamp()[1],
-                r.value(),
-                r,
-                rules.codec,
-            )
-            for r in batch
-        ]
-        previous = rules.expiring  # whether an updated record had expired: read it
-        rules.place(messages, store.partition)
-        state = StateBatch(store)
-        state.prefetch(_keys_to_read(rules, messages, previous))
-        applied = Applied(previous=previous)
-        for message in messages:
-            rules.apply(state, message, applied)
-        state.next_offset = messages[-1].offset + 1
+        rules = self.worker.rules[store.topic]
+        messages = log_messages(store, rules, batch)
+        # previous as the owner computes it without subscribers: whether a record
+        # updated had expired matters to an expiring topic
+        state, _ = stage(store, rules, messages, previous=rules.expiring)
         store.write(state)
 
     def _expire(self, store: PartitionStore) -> None:
         rules = self.worker.rules[store.topic]
-        if not rules.expiring:
-            return
-        now = self.worker.clock()
-        due = store.due(now)
-        if not due:
-            return
-        keys = [store.key_of_entry(entry) for entry in due]
-        state = StateBatch(store)
-        state.prefetch(keys)
-        state.swept = due
-        for key in keys:
-            rules.expire(state, key, now)
-        store.write(state)
+        staged = stage_expiry(store, rules, self.worker.clock()) if rules.expiring else None
+        if staged is not None:
+            store.write(staged[0])

@@ -32,7 +32,6 @@ from confluent_kafka import (
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import AmpsError, ConfigError, TransportError
 from amps_on_kafka.log.envelope import (
-    Command,
     EnvelopeError,
     is_plain_publish,
     read_headers,
@@ -60,12 +59,13 @@ from amps_on_kafka.processor.dead_letters import (
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.processor.repartition import Repartitioner, consumed_topic
+from amps_on_kafka.processor.staging import log_messages, stage, stage_expiry
 from amps_on_kafka.processor.standby import Standby
 from amps_on_kafka.processor.startup import StateDirLock, check_serves_something, check_topics
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
 from amps_on_kafka.state.record import NEVER, pack_record
-from amps_on_kafka.state.sow import Applied, ExpirySchedule, SowRules, fill_previous
-from amps_on_kafka.state.store import PartitionStore, Replacements, StateBatch, store_path
+from amps_on_kafka.state.sow import ExpirySchedule, SowRules, fill_previous
+from amps_on_kafka.state.store import PartitionStore, Replacements, store_path
 
 log = logging.getLogger(__name__)
 
@@ -487,20 +487,7 @@ class Worker:
         if staged is not None:
             self._write_replacements(store, staged, batch[-1].offset() + 1)
             return
-        topic, partition, codec = store.topic, store.partition, rules.codec
-        messages = [
-            LogMessage(
-                topic,
-                partition,
-                r.offset(),
-                r.timestamp()[1],
-                r.value(),
-                unreadable.get(r.offset(), r),  # a record's headers are read at most once
-                codec,
-            )
-            for r in batch
-        ]
-        self._apply_partition(store, rules, messages)
+        self._apply_partition(store, rules, log_messages(store, rules, batch, unreadable))
 
     def _replace_blind(
         self,
@@ -561,13 +548,7 @@ class Worker:
         self, store: PartitionStore, rules: SowRules, messages: list[LogMessage]
     ) -> None:
         previous = rules.expiring or self.engine.wants_previous(store.topic)
-        rules.place(messages, store.partition)
-        state = StateBatch(store)
-        state.prefetch(_keys_to_read(rules, messages, previous))
-        applied = Applied(previous=previous)
-        for message in messages:
-            rules.apply(state, message, applied)
-        state.next_offset = messages[-1].offset + 1
+        state, applied = stage(store, rules, messages, previous)
         self._report_rejections(applied.results, messages)  # dead letters durable first
         changes = BatchApplied(applied.changes, applied.results)
         self._commit(store, partial(store.write, state), changes, blind=not previous)
@@ -717,15 +698,10 @@ class Worker:
     def _expire_store(self, store: PartitionStore, rules: SowRules) -> None:
         if not rules.expiring:
             return
-        now = self.clock()
-        due = store.due(now)
-        if not due:
+        staged = stage_expiry(store, rules, self.clock())
+        if staged is None:
             return
-        keys = [store.key_of_entry(entry) for entry in due]
-        state = StateBatch(store)
-        state.prefetch(keys)
-        state.swept = due
-        changes = [c for c in (rules.expire(state, key, now) for key in keys) if c is not None]
+        state, changes = staged
         self.expired += len(changes)
         self._commit(store, partial(store.write, state), BatchApplied(changes, []), blind=False)
 
@@ -751,19 +727,3 @@ def _fill_previous_from(store: PartitionStore, changes: list[Change]) -> None:
     batch is written."""
     before = {r.sow_key: r for r in store.get_many({change.sow_key for change in changes})}
     fill_previous(changes, before.get)
-
-
-def _keys_to_read(rules: SowRules, messages: list[LogMessage], previous: bool) -> list[str]:
-    """The keys a batch will read, for one multi-get: without `previous`, only those of
-    delta_publishes and deletes. Undecodable records are left out."""
-    keys = []
-    for message in messages:
-        try:
-            envelope = message.envelope
-            if envelope.sow_keys is not None:
-                keys.extend(envelope.sow_keys)
-            elif envelope.filter is None and (previous or envelope.command is not Command.PUBLISH):
-                keys.append(rules.key_of(message, envelope))
-        except Exception:
-            continue
-    return keys
