@@ -102,6 +102,8 @@ class Standby:
         worker = self.worker
         rules = worker.rules[topic]
         consumed = worker._consumed(topic)
+        if rules.placement is None:  # no partition of it assigned here yet: keys are
+            worker._place(self.consumer, consumed)  # checked as the owner checks them
         store = PartitionStore(
             store_path(worker.state_dir, consumed, partition),
             topic,
