@@ -47,10 +47,17 @@ class ReadAccess:
 EVERYTHING = ReadAccess(None)
 
 
-def _matcher(pattern: str) -> Callable[[str], bool]:
+def is_pattern(topic: str) -> bool:
+    """Whether `topic` is a regular expression over names rather than a name."""
     try:
-        check_topic_name(pattern)
+        check_topic_name(topic)
     except ValueError:
+        return True
+    return False
+
+
+def _matcher(pattern: str) -> Callable[[str], bool]:
+    if is_pattern(pattern):
         return compile_pattern(rf"\A(?:{pattern})\z")
     return pattern.__eq__
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.log.replay import select_topics
 from amps_on_kafka.protocol.frames import (
     READ_SIZE,
     BadFrame,
@@ -47,7 +48,12 @@ from amps_on_kafka.protocol.frames import (
     encode_frame,
 )
 from amps_on_kafka.security.auth import Credentials, Identity, audit
-from amps_on_kafka.security.entitlements import Denied, ReadAccess, UserEntitlements
+from amps_on_kafka.security.entitlements import (
+    Denied,
+    ReadAccess,
+    UserEntitlements,
+    is_pattern,
+)
 from amps_on_kafka.security.tls import certificate_subject
 from amps_on_kafka.server import publishing, queries, queues, subscriptions
 from amps_on_kafka.server.publishing import Writes
@@ -198,22 +204,32 @@ class Session:
             entitlements.check_write(command, topic)
             return
         # reads, and acks (sow_delete) on a queue, which are its consumers' right
-        access = self._read_access(command, topic, queue)
+        access = await self._read_access(command, topic, queue)
         if access.text is not None and not (command == "sow_delete" and "bm" in header):
             await self._restrict(header, access.text)
 
-    def _read_access(self, command: str, topic: str, queue: bool) -> ReadAccess:
-        """A regular expression over queue names needs read on every queue it matches,
-        with one entitlement filter for them all."""
+    async def _read_access(self, command: str, topic: str, queue: bool) -> ReadAccess:
+        """A regular expression over queue or topic names (AMPS's topic regex, which a
+        log subscription reads every matching topic of) needs read on every name it
+        matches, with one entitlement filter for them all: the grant is checked against
+        what will be read, never against the pattern's text (`prices..*|orders` matches
+        a grant `prices\\..*` as a string, and would read all of `orders`)."""
         entitlements: UserEntitlements = self.entitlements  # type: ignore[assignment]
-        names = self.gateway.queues.names(topic) if queue else [topic]  # type: ignore[union-attr]
-        accesses = {entitlements.check_read(command, name) for name in names}
-        if len(accesses) > 1:
+        if queue:
+            names = self.gateway.queues.names(topic)  # type: ignore[union-attr]
+        elif is_pattern(topic):
+            names = await self.gateway.blocking(select_topics, self.gateway.producer, topic)
+        else:
+            names = [topic]
+        accesses = {name: entitlements.check_read(command, name) for name in names}
+        filters = {access.text for access in accesses.values()}
+        if len(filters) > 1:
+            kind = "queues" if queue else "topics"
             raise Denied(
-                f"{command} {topic!r}: the queues it matches have different entitlement "
+                f"{command} {topic!r}: the {kind} it matches have different entitlement "
                 "filters for this user; subscribe to each by name"
             )
-        return accesses.pop()
+        return next(iter(accesses.values()))
 
     async def _restrict(self, header: dict[str, Any], entitlement: str) -> None:
         own = text(header, "f")

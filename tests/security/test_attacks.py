@@ -1,0 +1,137 @@
+"""Attacks found by trying the secured gateway as an attacker (qa14), each now refused.
+
+A topic regular expression (AMPS's topic regex: a log subscription reads every topic it
+matches) was checked against a user's grants as a string: `prices..*|orders` matches a
+Read grant `prices\\..*` as text, and the replay then read all of `orders`, entitlement
+filter or not. The grant must hold for every topic the pattern matches.
+
+One worker and plain-TCP gateway serve the module (the TLS side is
+tests/security/test_gateway_attacks.py's).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from amps_on_kafka.config import Config
+from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.processor.worker import Worker
+from amps_on_kafka.security.policy import Security
+from amps_on_kafka.security.users import UsersFile
+from amps_on_kafka.server.gateway import Gateway
+from tests.conftest import create_topic, delete_topics
+from tests.server.helpers import Wire, is_ack
+
+PASSWORD = "a password of the test"
+
+
+@dataclass
+class Target:
+    address: str
+    orders: str  # a SOW topic nobody may read whole but through a filter
+    prices: str  # the one topic the prefix grant is for
+    prefix: str
+
+
+def _config(target: Target, users: Path) -> Config:
+    grant = f"{target.prefix}\\..*"  # a regular expression: every prefix.* topic
+    return Config.model_validate(
+        {
+            "Topics": [
+                {"Name": target.orders, "Partitions": 1},
+                {"Name": target.prices, "Partitions": 1},
+            ],
+            "SOW": [{"Topic": target.orders, "Key": "/id"}],
+            "Gateway": {"Listen": "127.0.0.1:0"},
+            "Authentication": {"UsersFile": str(users), "FailureDelay": "10ms"},
+            "Entitlements": {
+                "Users": {
+                    "dave": {"Read": [grant], "Write": [grant]},
+                    "erin": {"Read": [grant, {"Topic": target.orders, "Filter": "/desk = 'fx'"}]},
+                },
+            },
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def target(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    base = tmp_path_factory.mktemp("attacks")
+    users = UsersFile(base / "users.txt")
+    for name in ("dave", "erin"):
+        users.add(name, PASSWORD)
+    suffix = uuid.uuid4().hex[:8]
+    prefix = f"atk-{suffix}"
+    spec = Target("", f"atk-orders-{suffix}", f"{prefix}.eur", prefix)
+    create_topic(bootstrap, TopicSpec(spec.orders, 1, key=("/id",)))
+    create_topic(bootstrap, TopicSpec(spec.prices, 1))
+    config = _config(spec, users.path)
+    worker = Worker(config, bootstrap, base / "state", group_id=f"test-{suffix}")
+    worker.start()
+    try:
+        worker.wait_ready(60)
+        security = Security.from_config(config)
+        with Gateway(
+            worker.engine,
+            bootstrap,
+            listen="127.0.0.1:0",
+            settings=config.gateway,
+            security=security,
+        ) as gateway:
+            spec.address = gateway.address
+            yield spec
+    finally:
+        worker.stop()
+        delete_topics(bootstrap, [spec.orders, spec.prices])
+
+
+def _logon(target: Target, user: str) -> Wire:
+    wire = Wire(target.address)
+    header = {"c": "logon", "cid": "l", "client_name": f"{user}-{uuid.uuid4().hex[:6]}"}
+    reply = wire.request({**header, "user_id": user, "pw": PASSWORD}).header
+    assert reply["status"] == "success", reply
+    return wire
+
+
+def _replay(wire: Wire, topic: str, cid: str) -> list:
+    wire.send(
+        {"c": "subscribe", "t": topic, "bm": "0", "sub_id": cid, "cid": cid, "a": "completed"}
+    )
+    return wire.until(lambda f: is_ack(f, "completed") or f.header.get("status") == "failure")
+
+
+def test_a_topic_regex_needs_read_on_every_topic_it_matches(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    dave, erin = _logon(target, "dave"), _logon(target, "erin")
+    try:
+        dave.request(
+            {"c": "publish", "t": target.prices, "cid": "p", "a": "persisted"}, b'{"px": 1.5}'
+        )
+        # what the grant is for still works through a pattern
+        frames = _replay(dave, f"{target.prefix}\\..*", "ok")
+        assert [orjson.loads(f.payload) for f in frames if f.header["c"] == "publish"] == [
+            {"px": 1.5}
+        ]
+        attack = f"{target.prefix}..*|{target.orders}"  # matches dave's grant as a string
+        with caplog.at_level(logging.WARNING, logger="amps_on_kafka.audit"):
+            replayed = _replay(dave, attack, "r")[-1].header
+            live = dave.request({"c": "subscribe", "t": attack, "sub_id": "s", "cid": "s"})
+            mixed = _replay(erin, attack, "e")[-1].header
+        denied = f"not entitled: user 'dave' may not subscribe {target.orders!r}"
+        assert (replayed["status"], replayed["reason"]) == ("failure", denied)
+        assert (live.header["status"], live.header["reason"]) == ("failure", denied)
+        # erin reads both, but orders only through a filter the pattern can't carry
+        assert mixed["status"] == "failure" and "different entitlement filters" in mixed["reason"]
+        audited = [r.getMessage() for r in caplog.records if r.getMessage().startswith("denied")]
+        assert len(audited) == 3
+    finally:
+        dave.close()
+        erin.close()
