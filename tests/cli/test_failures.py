@@ -219,6 +219,7 @@ def test_a_sow_topic_missing_from_kafka_is_named(bootstrap, tmp_path):
     assert f"SOW topic '{missing}' does not exist on Kafka" in one_error_line(stderr)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "command",
     [
@@ -243,6 +244,7 @@ def test_an_unreachable_broker_is_one_line_naming_it_within_5_s(tmp_path, comman
     assert seconds < 5.0
 
 
+@pytest.mark.timing
 def test_a_listener_that_never_answers_is_given_up_after_the_probe_timeout(tmp_path):
     """Something accepts the connection but never answers Kafka's protocol (a wrong port,
     a proxy): the metadata probe gives up after PROBE_TIMEOUT, not librdkafka's 10-20 s."""

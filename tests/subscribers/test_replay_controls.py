@@ -111,6 +111,7 @@ def delivery_span(stream) -> tuple[float, list]:
     raise AssertionError("no completed marker")
 
 
+@pytest.mark.timing
 def test_rate_in_messages_per_second_holds_within_ten_percent(client, filled):
     """Seed 004: "limits delivery to 1000 messages per second" - here 500 for 2.5 s."""
     topic = filled(1251)
@@ -120,6 +121,7 @@ def test_rate_in_messages_per_second_holds_within_ten_percent(client, filled):
     assert span == pytest.approx(1250 / 500, rel=0.10)
 
 
+@pytest.mark.timing
 def test_rate_in_bytes_per_second_holds_within_ten_percent(client, topic_factory):
     """Seed 004: "To limit delivery to 500KB per second" - here 100KB for ~2.5 s."""
     topic = topic_factory(1)
@@ -132,6 +134,7 @@ def test_rate_in_bytes_per_second_holds_within_ten_percent(client, topic_factory
     assert span == pytest.approx(paid / (100 * 1024), rel=0.10)
 
 
+@pytest.mark.timing
 def test_rate_as_a_multiple_of_the_original_rate(client, topic_factory):
     """Seed 004: "limit delivery to half the speed at which messages were originally
     published" - paced by the records' LogAppendTime stamps."""
