@@ -2,7 +2,7 @@
 run with the admin port off and on (scraped by a thread as Prometheus would, but every
 `--scrape-every` seconds instead of every 15), alternating, best of `--rounds`:
 
-    python -m bench admin [--messages 300000] [--publishes 20000] [--rounds 3]
+    python -m bench admin [--messages 300000] [--publishes 40000] [--rounds 3]
                           [--scrape-every 1]
 
 Each is reported twice: records per CPU second of this process (the worker, its gateway
@@ -196,7 +196,7 @@ def scrape_cpu(servers: str, topic: str, scrapes: int = 50) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench admin")
     parser.add_argument("--messages", type=int, default=300_000)
-    parser.add_argument("--publishes", type=int, default=20_000)
+    parser.add_argument("--publishes", type=int, default=40_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scrape-every", type=float, default=1.0)
     args = parser.parse_args(argv)
