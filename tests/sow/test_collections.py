@@ -1,79 +1,20 @@
-"""The collector pause around each batch: nested, and never turning on a disabled one."""
+"""The collector pause is process-wide (the gc module has no other kind), so its cases
+(collections_cases.py) run in an interpreter of their own: in this one, a worker thread
+that another test left running would be inside a pause and decide their outcome."""
 
-import gc
-import threading
-import time
-import weakref
+import subprocess
+import sys
+from pathlib import Path
 
-import pytest
-
-from amps_on_kafka.processor import collections
-from amps_on_kafka.processor.collections import collections_paused
+CASES = Path(__file__).with_name("collections_cases.py")
 
 
-def no_pause_in_progress(timeout: float = 10.0) -> None:
-    """Wait until no thread of the process is inside a pause: the pause is process-wide, so a
-    worker thread an earlier test left running would otherwise decide these tests' outcome."""
-    deadline = time.monotonic() + timeout
-    while collections._depth and time.monotonic() < deadline:
-        time.sleep(0.01)
-    names = [thread.name for thread in threading.enumerate()]
-    assert collections._depth == 0, f"a pause is held by another thread; threads: {names}"
-
-
-@pytest.fixture(autouse=True)
-def collector_restored():
-    no_pause_in_progress()
-    enabled = gc.isenabled()
-    yield
-    if enabled:
-        gc.enable()
-    else:
-        gc.disable()
-
-
-def test_paused_inside_and_resumed_after_the_outermost_pause():
-    gc.enable()
-    with collections_paused():
-        assert not gc.isenabled()
-        with collections_paused():  # a second worker's batch in the same process
-            assert not gc.isenabled()
-        assert not gc.isenabled()
-    assert gc.isenabled()
-
-
-def test_a_collector_the_process_disabled_stays_disabled():
-    gc.disable()
-    with collections_paused():
-        pass
-    assert not gc.isenabled()
-
-
-def test_an_error_in_the_batch_still_resumes_the_collector():
-    gc.enable()
-    with pytest.raises(RuntimeError), collections_paused():
-        raise RuntimeError("batch failed")
-    assert gc.isenabled()
-
-
-def test_overlapping_pauses_still_collect_cyclic_garbage_now_and_then(monkeypatch):
-    """Threads that keep the collector paused between them (the worker and each queue)
-    must not switch it off for good: a pause ending while another goes on runs a full
-    collection once COLLECT_EVERY has passed."""
-    gc.enable()
-    monkeypatch.setattr(collections, "COLLECT_EVERY", 0.0)
-
-    class Node:
-        pass
-
-    with collections_paused():  # another thread's batch, in progress throughout
-        cycle = Node()
-        cycle.me = cycle
-        alive = weakref.ref(cycle)
-        del cycle
-        assert alive() is not None  # only the collector frees a cycle
-        with collections_paused():
-            pass
-        assert alive() is None
-        assert not gc.isenabled()  # the outer pause still holds
-    assert gc.isenabled()
+def test_the_collector_pause_cases_pass_in_a_fresh_interpreter():
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", CASES],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 passed" in result.stdout
