@@ -41,6 +41,12 @@ class TransportError(AmpsError, ConnectionError):
     """The transport to Kafka or to a gateway failed."""
 
 
+class NeedsGateway(AmpsError, TypeError):
+    """A command only a worker's gateway serves (sow, subscribe, ack, heartbeat) was asked
+    of a kafka:// connection. Not a TransportError: the connection is fine, and a
+    reconnecting client must not fail over (it would try again forever)."""
+
+
 class ServerError(AmpsError):
     """The gateway refused a command; the message is the server's reason."""
 

@@ -233,9 +233,10 @@ class HAClient(ClientBase):
                 self.reconnect(exc, generation=generation)
 
     def _setting(self, name: str, apply: Callable[[Client], None]) -> None:
-        """Apply a setting now and to every connection made after this one."""
-        self._settings[name] = apply
+        """Apply a setting now and to every connection made after this one (kept only once
+        it applied, so a refused one, NeedsGateway on kafka://, can't break reconnects)."""
         self._with_client(apply)
+        self._settings[name] = apply
 
     # -- publishing -----------------------------------------------------------------------
     def publish(self, topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:

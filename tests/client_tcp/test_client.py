@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from amps_on_kafka.client import Client, Command
-from amps_on_kafka.errors import PublishError, ServerError, TransportError
+from amps_on_kafka.errors import NeedsGateway, PublishError, ServerError, TransportError
 from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.publisher import FailedWrite
 from amps_on_kafka.log.replay import Replay
@@ -29,7 +29,7 @@ def test_gateway_commands_on_kafka_say_they_need_a_worker(bootstrap):
         client.connect(f"kafka://{bootstrap}")
         # unsubscribe works on kafka:// too: it closes bookmark subscriptions (client_api)
         for call in (lambda: client.sow("t"), lambda: client.subscribe("t"), client.heartbeat):
-            with pytest.raises(TransportError, match="needs a worker: connect with tcp://"):
+            with pytest.raises(NeedsGateway, match="needs a worker: connect with tcp://"):
                 call()
 
 
