@@ -41,10 +41,11 @@ class TransportError(AmpsError, ConnectionError):
     """The transport to Kafka or to a gateway failed."""
 
 
-class NeedsGateway(AmpsError, TypeError):
-    """A command only a worker's gateway serves (sow, subscribe, ack, heartbeat) was asked
-    of a kafka:// connection. Not a TransportError: the connection is fine, and a
-    reconnecting client must not fail over (it would try again forever)."""
+class WrongTransport(AmpsError, TypeError):
+    """The connection's transport does not serve this command: sow, subscribe, ack or
+    heartbeat on kafka:// (they need a worker's gateway), `until` on tcp://. Not a
+    TransportError: the connection is fine, and a reconnecting client must not fail over
+    (it would try again forever)."""
 
 
 class ServerError(AmpsError):

@@ -23,7 +23,7 @@ from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription, BookmarkSubscriptions
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH, TcpTransport
 from amps_on_kafka.client.uri import parse_uri, shown
-from amps_on_kafka.errors import NeedsGateway, TransportError
+from amps_on_kafka.errors import TransportError, WrongTransport
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.message import Message
@@ -82,7 +82,7 @@ class Client(ClientBase):
     def _gateway(self, what: str) -> TcpTransport:
         transport = self.transport
         if not isinstance(transport, TcpTransport):
-            raise NeedsGateway(
+            raise WrongTransport(
                 f"{what} needs a worker: connect with tcp://host:port/amps/json "
                 "(kafka:// only publishes and replays the log)"
             )

@@ -325,16 +325,15 @@ def _kafka_feed(
     def open_replay(start: str, max_idle: float | None) -> Replay:
         return transport.bookmark_subscribe(topic, start, predicate, until, max_idle)
 
-    # Following the log, the replay ticks after each quiet poll (the stream's clock); one
-    # bounded by `until` ends by itself (a finished replay would only tick), so doesn't.
-    heartbeat = TICK_INTERVAL if until is None else None
+    # The replay ticks after each quiet poll (the stream's clock), and one bounded by
+    # `until` ends where it stops (heartbeats() sees it finished).
     run = controlled(
         open_replay,
         bookmark,
         options,
         bounded=until is not None,
         idle_limit=timeout,
-        heartbeat=heartbeat,
+        heartbeat=TICK_INTERVAL,
     )
     return _Feed(
         run.items,
@@ -381,15 +380,14 @@ def _share_replay(group: list[BookmarkSubscription]) -> None:
     """Close each subscription's replay and feed them all from one, opened where they
     stand, without a filter: each branch applies its subscription's own."""
     first = group[0]
-    following = first.until is None  # then the replay ticks, as _kafka_feed's does
     replay = first._transport.bookmark_subscribe(
         first.topic,
         resume_bookmark(first.positions() or {}),
         None,
         first.until,
-        TICK_INTERVAL if following else first.timeout,
+        TICK_INTERVAL,
     )
-    items: Iterator[Any] = heartbeats(replay) if following else iter(replay)
+    items: Iterator[Any] = heartbeats(replay)  # ticks, as _kafka_feed's replay does
     if first.options.rate is not None:
         items = RateLimiter(first.options.rate).paced(items)
     fan = FanOut(replay, items, [sub._predicate for sub in group])

@@ -26,7 +26,14 @@ from amps_on_kafka.client.acks import AckBatcher
 from amps_on_kafka.client.message import GatewayMessage
 from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
 from amps_on_kafka.client.tls import TlsOptions, TlsSocket
-from amps_on_kafka.errors import AmpsError, MessageError, PublishError, ServerError, TransportError
+from amps_on_kafka.errors import (
+    AmpsError,
+    MessageError,
+    PublishError,
+    ServerError,
+    TransportError,
+    WrongTransport,
+)
 from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.envelope import Command, check_expiration
 from amps_on_kafka.log.message import COMPLETED, Completed
@@ -328,7 +335,7 @@ class TcpTransport:
         timeout: float | None,
     ) -> MessageStream:
         if until is not None:
-            raise TransportError(
+            raise WrongTransport(
                 "`until` needs the kafka:// transport; the gateway follows the log live"
             )
         return self.subscribe(topic, filter, bookmark=bookmark, timeout=timeout)

@@ -388,7 +388,8 @@ class Ticks:
 
 
 def heartbeats(replay: Replay) -> Iterator[Any]:
-    """The replay, followed for good: TICK each time it was quiet for its max_idle.
+    """The replay, followed until it is finished (for good without `until`): TICK each time
+    it was quiet for its max_idle, so a reader bounded by `until` wakes too.
 
     Iterating a Replay again goes on from where it stopped (its consumer keeps its
     place) and yields COMPLETED again when it has nothing pending: passed once here.
@@ -401,6 +402,8 @@ def heartbeats(replay: Replay) -> Iterator[Any]:
                     continue
                 completed = True
             yield item
+        if replay.finished:
+            return
         yield TICK
 
 

@@ -55,7 +55,9 @@ class Replay:
     """Iterates the log from a bookmark: messages, one COMPLETED, then live messages.
 
     With `until`, iteration ends at that point instead of following the log. With
-    `max_idle`, iteration ends when no message arrived for that many seconds.
+    `max_idle`, iteration ends when nothing was yielded for that many seconds: a quiet log,
+    or records the predicate drops (checked between batches, so iterating again goes on
+    exactly where it stopped). That is what lets a follower of the replay wake on time.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class Replay:
     ) -> None:
         self.predicate = predicate
         self.max_idle = max_idle
+        self.finished = False  # reached `until` on every partition: iterating again ends too
         self.batch_size = batch_size
         self._consumer = reader(bootstrap)
         try:
@@ -111,18 +114,19 @@ class Replay:
         if not self._pending:
             yield COMPLETED
         if self._stop_finished_partitions():
+            self.finished = True
             return
         idle_since = time.monotonic()
         predicate, codecs, stops, ends = self.predicate, self._codecs, self.stops, self.ends
         while True:
             records = consume_available(self._consumer, self.batch_size, 0.2)
             if not records:
-                if self.max_idle is not None and time.monotonic() - idle_since > self.max_idle:
+                if self._idle_over(idle_since):
                     return
                 if self._pending and self._catch_up_gaps():
                     yield COMPLETED
+                    idle_since = time.monotonic()
                 continue
-            idle_since = time.monotonic()
             for record in records:
                 if record.error():
                     _raise_consumer_error(record.error())
@@ -140,12 +144,20 @@ class Replay:
                 )
                 if predicate is None or _matches(predicate, message):
                     yield message
+                    idle_since = time.monotonic()
                 if self._pending and offset + 1 >= ends[(topic, partition)]:
                     self._pending.discard((topic, partition))
                     if not self._pending:
                         yield COMPLETED
+                        idle_since = time.monotonic()
             if self._stop_finished_partitions():
+                self.finished = True
                 return
+            if self._idle_over(idle_since):
+                return  # a batch the predicate dropped entirely, after a quiet while
+
+    def _idle_over(self, idle_since: float) -> bool:
+        return self.max_idle is not None and time.monotonic() - idle_since > self.max_idle
 
     def _catch_up_gaps(self) -> bool:
         """Offsets with no record (compaction, control records) still count as read."""

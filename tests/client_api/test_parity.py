@@ -8,7 +8,7 @@ import pytest
 
 from amps_on_kafka import COMPLETED, AsyncClient, Command, HAClient, Message
 from amps_on_kafka.client import AsyncStream, Client, ClientBase, MessageStream
-from amps_on_kafka.errors import NeedsGateway
+from amps_on_kafka.errors import WrongTransport
 
 
 def public_methods(cls: type) -> dict[str, inspect.Signature]:
@@ -54,5 +54,5 @@ def test_an_ha_client_is_used_as_a_client_on_both_transports(uri, topic_factory)
             assert ha.sow_delete(topic, keys=["1"]) != []  # Client's result: the sequences
             # a gateway-only command fails at once, as on a Client (no failing over forever)
             for call in (lambda: ha.sow(topic), ha.heartbeat, lambda: ha.set_ack_batch_size(5)):
-                with pytest.raises(NeedsGateway, match="needs a worker"):
+                with pytest.raises(WrongTransport, match="needs a worker"):
                     call()

@@ -51,3 +51,23 @@ def test_the_idle_timeout_still_ends_the_stream(uri, connect, topic_factory):
     with client.bookmark_subscribe(topic, NOW, timeout=0.5) as stream:
         assert list(stream) == [COMPLETED]
         assert stream.ended
+
+
+
+def test_a_stream_bounded_by_until_ends_there(bootstrap, connect, topic_factory):
+    """Its replay ticks while it runs (log/test_replay.py) and still ends at `until`
+    (kafka:// only: over tcp:// `until` is WrongTransport, tests/client_tcp)."""
+    topic = topic_factory(1)
+    client = connect(f"kafka://{bootstrap}")
+    for n in range(3):
+        client.publish(topic, {"n": n})
+    client.publish_flush(30)
+    with client.bookmark_subscribe(topic, "0", until=f"{topic}|0|1|") as stream:
+        seen = []
+        with pytest.raises(StopIteration):
+            while True:
+                message = stream.next(timeout=30)
+                assert message is not None, f"a bounded stream stayed quiet after {seen}"
+                seen.append(message.data)
+        assert stream.ended
+    assert [data for data in seen if data is not None] == [{"n": 0}, {"n": 1}]

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from amps_on_kafka.client import Client, Command
-from amps_on_kafka.errors import NeedsGateway, PublishError, ServerError, TransportError
+from amps_on_kafka.errors import PublishError, ServerError, TransportError, WrongTransport
 from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.publisher import FailedWrite
 from amps_on_kafka.log.replay import Replay
@@ -29,7 +29,7 @@ def test_gateway_commands_on_kafka_say_they_need_a_worker(bootstrap):
         client.connect(f"kafka://{bootstrap}")
         # unsubscribe works on kafka:// too: it closes bookmark subscriptions (client_api)
         for call in (lambda: client.sow("t"), lambda: client.subscribe("t"), client.heartbeat):
-            with pytest.raises(NeedsGateway, match="needs a worker: connect with tcp://"):
+            with pytest.raises(WrongTransport, match="needs a worker: connect with tcp://"):
                 call()
 
 
@@ -62,7 +62,7 @@ def by_partition(messages: list) -> list[list]:
 
 def test_until_is_refused_over_tcp(bare_gateway, client_to, topic_factory):
     client = client_to(bare_gateway.address)
-    with pytest.raises(TransportError, match="`until` needs the kafka:// transport"):
+    with pytest.raises(WrongTransport, match="`until` needs the kafka:// transport"):
         client.bookmark_subscribe(topic_factory(1), "0", until="0|1|")
 
 

@@ -6,8 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from amps_on_kafka import NOW
 from amps_on_kafka.errors import InvalidBookmark, UnknownTopic
+from amps_on_kafka.log.controls import TICK, heartbeats
 from amps_on_kafka.log.message import COMPLETED
+from amps_on_kafka.log.replay import Replay
 
 COUNT = 200
 
@@ -193,3 +196,17 @@ def test_unknown_topics_are_errors_for_publish_and_replay(client):
         client.publish("no-such-topic-here", {"id": 1})
     with pytest.raises(UnknownTopic):
         client.bookmark_subscribe("no-such-topic-here", "0")
+
+
+def test_a_filtered_replay_wakes_its_follower_and_heartbeats_end_at_until(bootstrap, orders):
+    """max_idle counts what is yielded: a batch the filter drops entirely ends an iteration
+    (heartbeats() then ticks, so a next(timeout) wakes), and a replay bounded by `until`
+    ends the heartbeats once it is finished instead of ticking for ever."""
+    replay = Replay(
+        bootstrap, orders, "0", predicate=lambda data: False, until=NOW, max_idle=0, batch_size=1
+    )
+    with replay:
+        items = list(heartbeats(replay))
+    assert TICK in items
+    assert [item for item in items if item is not TICK] == [COMPLETED]
+    assert replay.finished
