@@ -15,6 +15,7 @@ import threading
 import time
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,6 +134,7 @@ class Heartbeats(threading.Thread):
             self.failure = exc
 
 
+@pytest.mark.timing
 def test_expensive_subscription_filters_do_not_hold_up_other_sessions(direct, wire_to) -> None:
     """Each subscription's filter runs on the gateway's pool, not on its loop: while two
     subscriptions with a costly filter receive a batch of big changes, another session's
