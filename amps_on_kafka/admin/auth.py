@@ -40,8 +40,11 @@ class BasicAuth:
         keys = [f"address {credentials.address}"]
         if credentials.user is not None:
             keys.append(f"user {credentials.user}")
-        with self._throttle_lock:
-            wait = self.throttle.reserve(keys)
+        try:
+            with self._throttle_lock:
+                wait = self.throttle.reserve(keys)
+        except LogonFailed:  # it would wait more than MaxFailureDelay: refused untried
+            return False
         if wait > 0:
             time.sleep(wait)  # this request's own thread; requests at once are bounded
         try:
@@ -58,7 +61,7 @@ class BasicAuth:
             )
             return False
         with self._throttle_lock:
-            self.throttle.succeeded(f"user {credentials.user}")
+            self.throttle.succeeded(f"user {credentials.user}", *keys)
         return True
 
 

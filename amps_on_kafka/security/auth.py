@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,10 +34,28 @@ audit = logging.getLogger("amps_on_kafka.audit")
 MAX_THROTTLED = 10_000
 #: A key without failures for this long is forgotten: its next failure starts again.
 FORGET_AFTER = 15 * 60.0
+#: Attempts of one key tried at once, before any of them failed, without waiting. Beyond,
+#: each is spaced as if those still in flight had failed: 20 connections that all sent a
+#: wrong password at once were 20 guesses, tried before the first failure was counted.
+FREE_ATTEMPTS = 2
+#: How long after its start an attempt counts as in flight for that spacing (a password
+#: hash takes tens of milliseconds; this covers a busy machine).
+IN_FLIGHT = 2.0
 
 
 class LogonFailed(AmpsError):
     """A logon is refused; the reason is what the client is told."""
+
+
+class Throttled(LogonFailed):
+    """Refused untried: the attempt would have waited more than MaxFailureDelay. The
+    gateway answers it after `pause`, so that refusals cost the guesser time rather than
+    the event loop (answered at once, 20 connections were refused 6,000 times a second,
+    each a turn of the gateway's loop)."""
+
+    def __init__(self, reason: str, pause: float) -> None:
+        super().__init__(reason)
+        self.pause = pause
 
 
 @dataclass(frozen=True)
@@ -184,6 +203,14 @@ class _Failures:
     count: int = 0
     next_allowed: float = 0.0
     last: float = 0.0
+    # starts of the latest attempts (those within IN_FLIGHT count as in flight)
+    tried: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    refused: int = 0  # attempts refused untried since the last one tried
+
+    def in_flight(self, now: float) -> int:
+        while self.tried and self.tried[0] <= now - IN_FLIGHT:
+            self.tried.popleft()
+        return len(self.tried)
 
 
 class Throttle:
@@ -192,6 +219,10 @@ class Throttle:
     A key's n-th consecutive failure makes its next attempt wait until
     delay(n) = min(base * 2**(n-1), cap) after it; attempts that come meanwhile queue one
     behind the other, each delay(n) apart, so parallel connections guess no faster.
+    Attempts still in flight beyond FREE_ATTEMPTS count as failures for that spacing, so
+    a burst sent before the first failure is slowed too. An attempt that would wait more
+    than `cap` is refused untried (Throttled): waits never pile up beyond cap, and a
+    connection that gave up holds no place for minutes.
     A success clears its user's failures (not its address's).
     """
 
@@ -209,25 +240,51 @@ class Throttle:
         return min(self.base * 2 ** min(failures - 1, 64), self.cap)
 
     def reserve(self, keys: Sequence[str]) -> float:
-        """Seconds this attempt must wait before it is tried."""
+        """Seconds this attempt must wait before it is tried; Throttled when that would
+        be more than `cap`. Every attempt reserved ends with failed() or succeeded()."""
         now = self.clock()
-        entries = [e for e in map(self._keys.get, keys) if e is not None and e.count]
+        self._forget_old(now)
+        entries = [self._touched(key, now) for key in keys]
         start = max([now, *(e.next_allowed for e in entries)])
+        first = entries[0]
+        if start - now > self.cap:
+            reason = f"too many failed logons: try again in {start - now:.0f} s"
+            first.refused += 1
+            if first.refused == 1:  # once, not once per attempt: they cost nothing
+                audit.warning("logon refused untried: %s: %s", ", ".join(keys), reason)
+            raise Throttled(reason, self.delay(max(1, *(e.count for e in entries))))
+        if first.refused > 1:
+            audit.warning("%d more logons refused untried: %s", first.refused - 1, ", ".join(keys))
+        first.refused = 0
         for entry in entries:
-            entry.next_allowed = start + self.delay(entry.count)
+            extra = max(0, entry.in_flight(now) + 1 - FREE_ATTEMPTS)
+            entry.tried.append(start)
+            entry.next_allowed = max(entry.next_allowed, start + self.delay(entry.count + extra))
         return start - now
+
+    def _touched(self, key: str, now: float) -> _Failures:
+        """The key's entry, made the most recent (eviction takes the oldest)."""
+        entry = self._keys.pop(key, None) or _Failures()
+        entry.last = now
+        self._keys[key] = entry
+        return entry
 
     def failed(self, keys: Sequence[str]) -> None:
         now = self.clock()
         self._forget_old(now)
         for key in keys:
-            entry = self._keys.pop(key, None) or _Failures()
+            entry = self._touched(key, now)
+            _end_attempt(entry)
             entry.count += 1
-            entry.last = now
             entry.next_allowed = max(entry.next_allowed, now + self.delay(entry.count))
-            self._keys[key] = entry  # most recent last: eviction takes the oldest
 
-    def succeeded(self, key: str) -> None:
+    def succeeded(self, key: str, *ended: str) -> None:
+        """Clears `key`'s failures (its user's); the attempt ends for the `ended` keys
+        (its address's) too, which keep their failures."""
+        for other in ended:
+            entry = self._keys.get(other)
+            if entry is not None:
+                _end_attempt(entry)
         self._keys.pop(key, None)
 
     def __len__(self) -> int:
@@ -239,3 +296,9 @@ class Throttle:
             if len(self._keys) < MAX_THROTTLED and now - entry.last < FORGET_AFTER:
                 break  # in order of last failure: the rest are newer
             del self._keys[key]
+
+
+def _end_attempt(entry: _Failures) -> None:
+    """An attempt of this key was answered: one fewer in flight."""
+    if entry.tried:
+        entry.tried.popleft()

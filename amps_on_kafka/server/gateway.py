@@ -27,7 +27,7 @@ from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.protocol.frames import READ_SIZE, encode_frame
-from amps_on_kafka.security.auth import Credentials, Identity, LogonFailed, audit
+from amps_on_kafka.security.auth import Credentials, Identity, LogonFailed, Throttled, audit
 from amps_on_kafka.security.entitlements import Denied
 from amps_on_kafka.security.policy import PeerAccess, Security
 from amps_on_kafka.security.tls import server_context
@@ -217,7 +217,11 @@ class Gateway:
         keys = [f"address {credentials.address}"]
         if credentials.user is not None:
             keys.append(f"user {credentials.user}")
-        wait = throttle.reserve(keys)
+        try:
+            wait = throttle.reserve(keys)
+        except Throttled as exc:
+            await asyncio.sleep(exc.pause)  # refused, but not at once (auth.py, Throttled)
+            raise
         if wait > 0:
             await asyncio.sleep(wait)
         try:
@@ -233,7 +237,7 @@ class Gateway:
                 exc.reason,
             )
             raise
-        throttle.succeeded(f"user {credentials.user}")
+        throttle.succeeded(f"user {credentials.user}", *keys)
         audit.info(
             "logon: user=%r method=%s address=%s",
             identity.user,

@@ -5,12 +5,16 @@ matches) was checked against a user's grants as a string: `prices..*|orders` mat
 Read grant `prices\\..*` as text, and the replay then read all of `orders`, entitlement
 filter or not. The grant must hold for every topic the pattern matches.
 
+Guessing passwords (the throttle, below): a burst of attempts sent before the first
+failure was tried whole, and waits piled up without bound behind the guesser's.
+
 One worker and plain-TCP gateway serve the module (the TLS side is
 tests/security/test_gateway_attacks.py's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterator
@@ -19,10 +23,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.worker import Worker
+from amps_on_kafka.security.auth import FREE_ATTEMPTS, LogonFailed, Throttle, Throttled
 from amps_on_kafka.security.policy import Security
 from amps_on_kafka.security.users import UsersFile
 from amps_on_kafka.server.gateway import Gateway
@@ -135,3 +142,87 @@ def test_a_topic_regex_needs_read_on_every_topic_it_matches(
     finally:
         dave.close()
         erin.close()
+
+
+# -- guessing passwords: the throttle (qa14) ------------------------------------------
+# 20 connections sending wrong passwords for alice at once had all 20 tried before the
+# first failure was counted, and every later attempt queued behind the others: after 15 s
+# of it, alice's own logon got no answer for minutes (the waits added up, 30 s each).
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_of_guesses_before_any_failure_is_spaced_too() -> None:
+    throttle = Throttle(0.5, 30.0, Clock())
+    admitted = []
+    for _ in range(20):  # all at once, none answered yet
+        with contextlib.suppress(LogonFailed):
+            admitted.append(throttle.reserve(["address x", "user alice"]))
+    assert admitted[:FREE_ATTEMPTS] == [0.0] * FREE_ATTEMPTS
+    assert admitted == sorted(admitted) and len(admitted) <= 8  # not 20
+
+
+def test_no_attempt_waits_longer_than_the_cap_it_is_refused_untried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    throttle = Throttle(1.0, 4.0, Clock())
+    throttle.failed(["address x", "user alice"])
+    throttle.failed(["address x", "user alice"])
+    with caplog.at_level(logging.WARNING, logger="amps_on_kafka.audit"):
+        waits = [throttle.reserve(["address y", "user alice"]) for _ in range(2)]
+        for _ in range(1000):  # refused at once, untried; one audit line, not 1000
+            with pytest.raises(LogonFailed, match="too many failed logons: try again in"):
+                throttle.reserve(["address z", "user alice"])
+    assert waits == [2.0, 4.0]
+    assert sum("refused untried" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_logons_one_after_another_from_one_address_are_not_slowed() -> None:
+    """A client opening a pool of connections: each logon answered before the next."""
+    throttle = Throttle(0.5, 30.0, Clock())
+    for n in range(20):
+        keys = ["address x", f"user app-{n}"]
+        assert throttle.reserve(keys) == 0
+        throttle.succeeded(f"user app-{n}", *keys)
+
+
+def test_a_refusal_is_answered_after_the_delay_not_at_once() -> None:
+    throttle = Throttle(0.5, 2.0, Clock())
+    for _ in range(3):
+        throttle.failed(["address x"])
+    throttle.reserve(["address x"])  # 2 s: the cap
+    with pytest.raises(Throttled) as refused:
+        throttle.reserve(["address x"])
+    assert refused.value.pause == 2.0
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["reserve", "failed", "succeeded", "wait"]),
+            st.sampled_from(["address a", "address b", "user u", "user v"]),
+            st.floats(0, 40),
+        ),
+        max_size=60,
+    )
+)
+def test_any_sequence_of_attempts_waits_at_most_the_cap(steps) -> None:
+    clock = Clock()
+    throttle = Throttle(0.5, 8.0, clock)
+    for action, key, seconds in steps:
+        if action == "wait":
+            clock.now += seconds
+        elif action == "failed":
+            throttle.failed(["address a", key])
+        elif action == "succeeded":
+            throttle.succeeded(key)
+        else:
+            with contextlib.suppress(LogonFailed):
+                assert 0 <= throttle.reserve(["address a", key]) <= 8.0
+    assert len(throttle) <= 4
