@@ -1,7 +1,8 @@
 """Who may read the admin port: whoever may log on to the gateway (the config's
 Authentication, docs/security.md), with HTTP Basic credentials.
 
-A request without credentials passes only when Authentication allows Anonymous. Checks
+A request without credentials passes only when Authentication allows Anonymous; with
+Admin.Users, only the users it lists pass. Checks
 follow the gateway's logon: the same users file, and the same Throttle of failures per
 address and per user (FailureDelay doubled up to MaxFailureDelay). Passwords are
 verified one at a time, since an argon2 hash takes 64 MiB: a flood of guesses waits in
@@ -14,6 +15,7 @@ import base64
 import binascii
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from amps_on_kafka.security.auth import Credentials, LogonFailed, audit
@@ -25,8 +27,9 @@ Environ = dict[str, Any]
 class BasicAuth:
     """An `authorize` hook for AdminServer."""
 
-    def __init__(self, security: Security) -> None:
+    def __init__(self, security: Security, users: Collection[str] | None = None) -> None:
         self.authentication = security.authentication
+        self.users = None if users is None else frozenset(users)  # Admin.Users
         self.throttle = security.throttle
         self._throttle_lock = threading.Lock()  # the Throttle is not thread-safe
         self._verify_lock = threading.Lock()  # one password hash at a time
@@ -49,7 +52,7 @@ class BasicAuth:
             time.sleep(wait)  # this request's own thread; requests at once are bounded
         try:
             with self._verify_lock:
-                self.authentication.authenticate(credentials)
+                identity = self.authentication.authenticate(credentials)
         except LogonFailed as exc:
             with self._throttle_lock:
                 self.throttle.failed(keys)
@@ -62,6 +65,13 @@ class BasicAuth:
             return False
         with self._throttle_lock:
             self.throttle.succeeded(f"user {credentials.user}", *keys)
+        if self.users is not None and identity.user not in self.users:
+            audit.warning(
+                "admin port: refused user=%r address=%s reason=not in Admin.Users",
+                identity.user,
+                credentials.address,
+            )
+            return False
         return True
 
 

@@ -175,8 +175,9 @@ def _start_admin(processor: Worker) -> AdminServer | None:
     from amps_on_kafka.admin import AdminServer, BasicAuth, Sources
     from amps_on_kafka.security.policy import Security
 
-    # whoever may log on to the gateway may read the port (Anonymous: true lets anyone)
-    authorize = BasicAuth(Security.from_config(processor.config))
+    # whoever may log on to the gateway may read the port (Anonymous: true lets anyone),
+    # or only the users Admin.Users lists
+    authorize = BasicAuth(Security.from_config(processor.config), settings.users)
     admin = AdminServer(Sources(processor), settings, authorize=authorize)
     admin.start()
     return admin

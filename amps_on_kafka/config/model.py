@@ -320,6 +320,10 @@ class AdminConfig(_Strict):
     # /ready answers 503 while any owned partition is more records than this behind its
     # log end: a load balancer sends no clients to a worker still catching up.
     ready_max_lag: int = Field(1000, alias="ReadyMaxLag", ge=0)
+    # Who may read it (HTTP Basic, as they log on to the gateway); None: every user who
+    # may log on. /admin names every client, user and subscription filter: with
+    # Entitlements, a user entitled to nothing could read them all.
+    users: list[str] | None = Field(None, alias="Users")
 
     @field_validator("listen")
     @classmethod

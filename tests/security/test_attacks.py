@@ -14,6 +14,7 @@ tests/security/test_gateway_attacks.py's).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import uuid
@@ -26,10 +27,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from amps_on_kafka.admin.auth import BasicAuth
 from amps_on_kafka.config import Config
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.worker import Worker
-from amps_on_kafka.security.auth import FREE_ATTEMPTS, LogonFailed, Throttle, Throttled
+from amps_on_kafka.security.auth import (
+    FREE_ATTEMPTS,
+    Authentication,
+    LogonFailed,
+    PasswordAuthenticator,
+    Throttle,
+    Throttled,
+)
 from amps_on_kafka.security.policy import Security
 from amps_on_kafka.security.users import UsersFile
 from amps_on_kafka.server.gateway import Gateway
@@ -226,3 +235,23 @@ def test_any_sequence_of_attempts_waits_at_most_the_cap(steps) -> None:
             with contextlib.suppress(LogonFailed):
                 assert 0 <= throttle.reserve(["address a", key]) <= 8.0
     assert len(throttle) <= 4
+
+
+# -- the admin port: Admin.Users (qa14) -------------------------------------------------
+# Every user who could log on could read /admin: a user entitled to nothing saw every
+# client, user and subscription filter (entitlement filters included).
+
+
+def test_the_admin_port_admits_only_admin_users(tmp_path: Path) -> None:
+    users = UsersFile(tmp_path / "users.txt")
+    for name in ("ops", "bob"):
+        users.add(name, PASSWORD)
+    security = Security(Authentication([PasswordAuthenticator(users)], anonymous=False))
+
+    def basic(user: str) -> dict:
+        token = base64.b64encode(f"{user}:{PASSWORD}".encode()).decode()
+        return {"HTTP_AUTHORIZATION": f"Basic {token}", "REMOTE_ADDR": "10.0.0.1"}
+
+    narrowed, everyone = BasicAuth(security, ["ops"]), BasicAuth(security)
+    assert narrowed(basic("ops")) and not narrowed(basic("bob"))
+    assert everyone(basic("bob"))  # without Admin.Users: as before
