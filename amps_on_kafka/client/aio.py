@@ -18,6 +18,9 @@ with it the subscription, back: the same flow control a for loop has).
 from __future__ import annotations
 
 import asyncio
+import inspect
+import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +39,7 @@ JOIN_TIMEOUT = 10.0  # seconds close() waits for a pump thread
 
 T = TypeVar("T")
 _END = object()
+log = logging.getLogger(__name__)
 
 
 class AsyncStream:
@@ -146,6 +150,8 @@ class AsyncClient:
         self.name = client.name
         self._commands = ThreadPoolExecutor(1, thread_name_prefix=f"amps-async-{self.name}")
         self._streams: set[AsyncStream] = set()
+        self._handled: dict[str, asyncio.Task[None]] = {}  # execute_async deliveries by id
+        self._ids = itertools.count(1)
 
     async def _run(self, call: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Run a client call on the command thread (one at a time, in order)."""
@@ -172,7 +178,9 @@ class AsyncClient:
         await self._run(self.client.logon, timeout)
 
     async def close(self) -> None:
-        """Close the streams, then the client (flushing what was published)."""
+        """Stop the handlers, close the streams, then the client (flushing what was
+        published)."""
+        await self._stop_handlers("all")
         for stream in list(self._streams):
             await stream.close()
         self._streams.clear()
@@ -228,8 +236,10 @@ class AsyncClient:
         timeout: float | None = None,
         sub_id: str | None = None,
         options: str | None = None,
+        on_message: object = None,
     ) -> AsyncStream:
-        """Client.bookmark_subscribe, as an AsyncStream."""
+        """Client.bookmark_subscribe, as an AsyncStream (handlers: execute_async)."""
+        _no_handler("bookmark_subscribe", on_message)
         return await self._stream(
             self.client.bookmark_subscribe,
             topic,
@@ -249,8 +259,10 @@ class AsyncClient:
         *,
         sub_id: str | None = None,
         timeout: float | None = None,
+        on_message: object = None,
     ) -> AsyncStream:
-        """Client.subscribe, as an AsyncStream."""
+        """Client.subscribe, as an AsyncStream (handlers: execute_async)."""
+        _no_handler("subscribe", on_message)
         return await self._stream(
             self.client.subscribe, topic, filter, options, sub_id=sub_id, timeout=timeout
         )
@@ -266,8 +278,10 @@ class AsyncClient:
         batch_size: int = DEFAULT_BATCH,
         sub_id: str | None = None,
         timeout: float | None = None,
+        on_message: object = None,
     ) -> AsyncStream:
-        """Client.sow_and_subscribe, as an AsyncStream."""
+        """Client.sow_and_subscribe, as an AsyncStream (handlers: execute_async)."""
+        _no_handler("sow_and_subscribe", on_message)
         return await self._stream(
             self.client.sow_and_subscribe,
             topic,
@@ -302,13 +316,52 @@ class AsyncClient:
         )
 
     async def unsubscribe(self, sub_id: str = "all") -> None:
-        """Client.unsubscribe."""
-        await self._run(self.client.unsubscribe, sub_id)
+        """Client.unsubscribe; also stops an execute_async delivery of that id. This client's
+        streams of that id close first, each on its pump thread, so a kafka:// replay is
+        never closed under a poll in progress (closing one ends its subscription)."""
+        stopped = await self._stop_handlers(sub_id)
+        streams = [s for s in self._streams if sub_id in ("all", s.sub_id)]
+        for stream in streams:
+            await stream.close()
+        if sub_id == "all" or not (stopped or streams):
+            await self._run(self.client.unsubscribe, sub_id)
 
     async def execute(self, command: Command) -> Any:
         """Client.execute; a command with a stream gives an AsyncStream."""
         result = await self._run(self.client.execute, command)
         return self._wrap(result) if isinstance(result, MessageStream) else result
+
+    async def execute_async(self, command: Command, handler: Callable[[Message], object]) -> str:
+        """Client.execute_async for asyncio: `handler`, a function or an `async def`, runs on
+        the event loop, one message at a time in order (a coroutine is awaited before the
+        next message). Returns the command id (the sub_id of a subscription), which
+        unsubscribe() takes to stop it. A handler that raises is logged and delivery goes
+        on. A command without a stream runs now and hands the handler its ack, if any."""
+        result = await self.execute(command)
+        if not isinstance(result, AsyncStream):
+            if isinstance(result, Message):
+                await _handle(handler, result)
+            return command.sub_id or f"async-{next(self._ids)}"
+        sub_id = result.sub_id or command.sub_id or f"async-{next(self._ids)}"
+        await self._stop_handlers(sub_id)  # an id names one delivery at a time
+        task = asyncio.get_running_loop().create_task(_deliver(result, handler))
+        self._handled[sub_id] = task
+        task.add_done_callback(lambda done: self._forget(sub_id, done))
+        return sub_id
+
+    def _forget(self, sub_id: str, task: asyncio.Task[None]) -> None:
+        if self._handled.get(sub_id) is task:
+            del self._handled[sub_id]
+
+    async def _stop_handlers(self, sub_id: str) -> bool:
+        """Cancel the execute_async deliveries of that id (each closes its stream); True
+        if there was one."""
+        names = list(self._handled) if sub_id == "all" else [sub_id]
+        tasks = [task for name in names if (task := self._handled.pop(name, None))]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return bool(tasks)
 
     # -- queues ----------------------------------------------------------------------------
     async def ack(
@@ -329,3 +382,31 @@ class AsyncClient:
     async def heartbeat(self, timeout: float | None = None) -> None:
         """Client.heartbeat."""
         await self._run(self.client.heartbeat, timeout)
+
+
+def _no_handler(method: str, on_message: object) -> None:
+    """AsyncClient's receiving methods return streams; handlers go through execute_async,
+    which can await a coroutine handler on the loop."""
+    if on_message is not None:
+        raise TypeError(
+            f"AsyncClient.{method} takes no on_message: iterate the AsyncStream it returns "
+            "(async for), or run a Command with execute_async(command, handler), whose "
+            "handler may be an async def"
+        )
+
+
+async def _handle(handler: Callable[[Message], object], message: Message) -> None:
+    """Call a handler, awaiting it if it is a coroutine; an exception is logged."""
+    try:
+        outcome = handler(message)
+        if inspect.isawaitable(outcome):
+            await outcome
+    except Exception:
+        log.exception("message handler %r raised on %r; delivery goes on", handler, message)
+
+
+async def _deliver(stream: AsyncStream, handler: Callable[[Message], object]) -> None:
+    """An execute_async delivery: every message of the stream to the handler, in order."""
+    async with stream:
+        async for message in stream:
+            await _handle(handler, message)

@@ -41,7 +41,7 @@ from amps_on_kafka.protocol.frames import READ_SIZE, BadFrame, Frame, FrameDecod
 from amps_on_kafka.server.fanout import Boundary
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.requests import MAX_BATCH, ProtocolError, Request
-from amps_on_kafka.server.subscriptions import MAX_HELD_CHANGES, SowSubscription
+from amps_on_kafka.server.subscriptions import ENTITLEMENT, MAX_HELD_CHANGES, SowSubscription
 from amps_on_kafka.state.events import CommandResult
 
 if TYPE_CHECKING:
@@ -371,6 +371,8 @@ class SpreadSubscription:
         or a snapshot's stats ack)."""
         self.plan = plan
         self.cluster.watch(self)
+        if self.local.entitlement is not None:  # for the peer's oof reasons
+            extra[ENTITLEMENT] = self.local.entitlement.text
         for address, parts in plan.remote.items():
             link = await PeerLink.open(address, self.cluster.gateway.peer_access)
             leg = Leg(self, link)

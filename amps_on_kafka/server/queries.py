@@ -98,6 +98,7 @@ async def sow_and_subscribe(session: Session, request: Request) -> None:
         query.topic,
         query.filter,
         oof="oof" in options(header, SUBSCRIBE_OPTIONS),
+        header=header,
     )
     session.add_subscription(sub)
     sub.hold()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from amps_on_kafka import NOW
 from amps_on_kafka.errors import AmpsError, MessageError, TransportError
-from amps_on_kafka.expr import Filter
+from amps_on_kafka.expr import Filter, compile_filter
 from amps_on_kafka.log.controls import TICK, Controlled, ReplayOptions, controlled, parse_options
 from amps_on_kafka.log.message import Completed, LogMessage
 from amps_on_kafka.log.replay import Replay
@@ -56,6 +56,11 @@ REPLAY_IDLE = 0.25  # seconds: how often an idle replay thread checks that it sh
 BACKPRESSURE_EVERY = 500
 MAX_HELD_CHANGES = 200_000  # live changes a sow_and_subscribe holds while its snapshot goes
 PUBLISHED = frozenset({"publish", "delta_publish"})
+#: A subscription forwarded to a peer gateway (server/cluster.py) carries the user's
+#: entitlement filter under this key. The peer's session reads unrestricted, so without
+#: it a record leaving the user's entitled set was an oof `match` carrying the new record,
+#: which the user may not see; with it, an oof `entitlement` with the record as they saw it.
+ENTITLEMENT = "_entitlement"
 
 
 def subscription_id(header: dict) -> str:
@@ -71,13 +76,20 @@ class SowSubscription:
     """Live changes of one SOW topic, filtered; buffered until a snapshot has been sent."""
 
     def __init__(
-        self, session: Session, sub_id: str, topic: str, filter: Filter | None, *, oof: bool
+        self,
+        session: Session,
+        sub_id: str,
+        topic: str,
+        filter: Filter | None,
+        *,
+        oof: bool,
+        header: dict | None = None,
     ) -> None:
         self.session = session
         self.sub_id = sub_id
         self.topic = topic
         self.filter = filter  # the user's filter AND the entitlement filter (session.py)
-        self.entitlement = session.entitlement_filter(topic)
+        self.entitlement = entitlement_of(session, topic, header or {})
         self.oof = oof
         self.closed = False
         self.buffer: list[tuple[int, bytes]] | None = None  # batch number, its frames
@@ -192,6 +204,16 @@ class SowSubscription:
         fanout.remove(self)
         if self.oof:
             fanout.engine.release_previous(self.topic)
+
+
+def entitlement_of(session: Session, topic: str, header: dict) -> Filter | None:
+    """The filter limiting what the subscriber may see of `topic`: its user's, or for a
+    peer gateway's session, the one the forwarded command carries (ENTITLEMENT)."""
+    forwarded = header.get(ENTITLEMENT)
+    identity = session.identity
+    if isinstance(forwarded, str) and identity is not None and identity.method == "peer":
+        return compile_filter(forwarded)
+    return session.entitlement_filter(topic)
 
 
 def _entitled(entitlement: Filter | None, record: SowRecord) -> bool:
@@ -323,7 +345,7 @@ async def subscribe(session: Session, request: Request) -> None:
     bookmark = text(header, "bm")
     if bookmark is None and session.gateway.engine.is_sow_topic(topic):
         oof = "oof" in options(header, SUBSCRIBE_OPTIONS)
-        sub = SowSubscription(session, sub_id, topic, filter, oof=oof)
+        sub = SowSubscription(session, sub_id, topic, filter, oof=oof, header=header)
         if session.gateway.cluster is not None:  # the whole topic, over the group's workers
             await session.gateway.cluster.subscribe(session, request, sub)
             return

@@ -104,6 +104,50 @@ def test_asyncio_publishes_streams_and_waits_bounded(uri, topic_factory):
     assert asyncio.run(run()) == [{"n": 0}, {"n": 1}, {"n": 2}, None, {"n": 3}]
 
 
+
+def test_asyncio_handlers_may_be_coroutines_and_survive_their_exceptions(
+    uri, topic_factory, caplog
+):
+    """execute_async awaits an async def handler on the loop, in order; a handler that
+    raises is logged and delivery goes on; unsubscribe stops it; on_message is refused."""
+    topic = topic_factory(1)
+
+    async def run() -> list[object]:
+        async with AsyncClient("async-handlers") as client:
+            await client.connect(uri)
+            await client.logon(30)
+            for n in range(3):
+                await client.publish(topic, {"n": n})
+            await client.publish_flush(30)
+            seen: list[object] = []
+            caught_up = asyncio.Event()
+
+            async def handler(message: Message) -> None:
+                await asyncio.sleep(0)  # a real coroutine: awaited before the next message
+                seen.append(message.data)
+                if message is COMPLETED:
+                    caught_up.set()
+                elif message.data == {"n": 1}:
+                    raise RuntimeError("handler failed on purpose")
+
+            command = Command("subscribe").set_topic(topic).set_bookmark("0").set_sub_id("h")
+            assert await client.execute_async(command, handler) == "h"
+            await asyncio.wait_for(caught_up.wait(), 30)
+            await client.unsubscribe("h")
+            assert client._handled == {}
+            try:
+                await client.subscribe(topic, on_message=handler)
+            except TypeError as exc:
+                assert "execute_async" in str(exc)
+            else:
+                raise AssertionError("on_message was accepted")
+            return seen
+
+    with caplog.at_level(logging.ERROR, logger="amps_on_kafka.client.aio"):
+        assert asyncio.run(run()) == [{"n": 0}, {"n": 1}, {"n": 2}, None]
+    assert "handler failed on purpose" in caplog.text
+
+
 def test_an_async_stream_runs_at_most_max_pending_ahead():
     """The pump stops reading once max_pending messages wait for the application."""
     pulled: list[int] = []

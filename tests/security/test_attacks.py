@@ -42,10 +42,12 @@ from amps_on_kafka.security.auth import (
 from amps_on_kafka.security.policy import Security
 from amps_on_kafka.security.users import UsersFile
 from amps_on_kafka.server.gateway import Gateway
+from amps_on_kafka.server.subscriptions import ENTITLEMENT
 from tests.conftest import create_topic, delete_topics
 from tests.server.helpers import Wire, is_ack
 
 PASSWORD = "a password of the test"
+PEER_SECRET = "the secret of the group's gateways"
 
 
 @dataclass
@@ -66,7 +68,11 @@ def _config(target: Target, users: Path) -> Config:
             ],
             "SOW": [{"Topic": target.orders, "Key": "/id"}],
             "Gateway": {"Listen": "127.0.0.1:0"},
-            "Authentication": {"UsersFile": str(users), "FailureDelay": "10ms"},
+            "Authentication": {
+                "UsersFile": str(users),
+                "FailureDelay": "10ms",
+                "PeerSecret": PEER_SECRET,
+            },
             "Entitlements": {
                 "Users": {
                     "dave": {"Read": [grant], "Write": [grant]},
@@ -150,6 +156,36 @@ def test_a_topic_regex_needs_read_on_every_topic_it_matches(
         assert len(audited) == 3
     finally:
         dave.close()
+        erin.close()
+
+
+def test_a_peer_leg_tells_an_entitlement_oof_and_a_user_cannot_forge_one(target: Target) -> None:
+    """A subscription spread over a group reaches the other gateways as `_peer`, which
+    reads unrestricted: a record leaving the user's entitled set was an oof `match`
+    carrying the new record (desk 'rates', which the user may not see). The forwarded
+    command now carries the entitlement filter; a user's own `_entitlement` is ignored."""
+    record = f"x-{uuid.uuid4().hex[:6]}"
+    peer, erin = Wire(target.address), _logon(target, "erin")
+    try:
+        logon = {"c": "logon", "cid": "l", "client_name": "_peer-test", "user_id": "_peer"}
+        assert peer.request({**logon, "pw": PEER_SECRET}).header["status"] == "success"
+        own = f"/id = '{record}'"
+        forwarded = {"f": f"(/desk = 'fx') AND ({own})", ENTITLEMENT: "/desk = 'fx'"}
+        forged = {"f": own, ENTITLEMENT: "1=1"}
+        for wire, extra in ((peer, forwarded), (erin, forged)):
+            header = {"c": "subscribe", "t": target.orders, "sub_id": "s", "cid": "s"}
+            reply = wire.request({**header, "o": "oof", "a": "processed", **extra})
+            assert reply.header["status"] == "success", reply.header
+        for qty, desk in ((1, "fx"), (2, "rates")):
+            payload = orjson.dumps({"id": record, "desk": desk, "qty": qty})
+            peer.send({"c": "publish", "t": target.orders, "cid": f"p{qty}"}, payload)
+        for wire in (peer, erin):
+            frames = wire.until(lambda f: f.header.get("c") == "oof")
+            oof = frames[-1]
+            assert oof.header["reason"] == "entitlement", oof.header
+            assert orjson.loads(oof.payload)["desk"] == "fx"  # as seen, never the new one
+    finally:
+        peer.close()
         erin.close()
 
 
