@@ -12,13 +12,14 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from amps_on_kafka.config import Config, SowConfig
 from amps_on_kafka.errors import MessageError, PartitionsMoving, UnknownTopic
-from amps_on_kafka.expr import Filter, compile_expression
+from amps_on_kafka.expr import Expression, Filter, compile_expression
+from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.keys import key_from_values
 from amps_on_kafka.state.events import BatchApplied
 from amps_on_kafka.state.record import SowRecord
@@ -26,11 +27,53 @@ from amps_on_kafka.state.sow import SowRules
 from amps_on_kafka.state.store import PartitionStore
 
 Listener = Callable[[BatchApplied], None]
+T = TypeVar("T")
+#: A SowRecord's fields after its topic and before its codec, as a query holds them.
+Row = tuple[int, str, bytes, int, int, int]
+
+
+class Records(Sequence[SowRecord]):
+    """A query's records, held as rows of plain values and made SowRecords when read.
+
+    Why: CPython's cyclic collector stops tracking a tuple of strings, bytes and ints the
+    first time it sees one, but tracks a SowRecord all its life. Half a million SowRecords
+    held by a scan made the collector's full passes (several while the list grew) walk
+    them all with the GIL held: up to 0.7-1.8 s in which no other session, heartbeats
+    included, got an answer. Rows cost the collector nothing; the records made from them
+    while a batch is sent die with the batch.
+    """
+
+    __slots__ = ("codec", "rows", "topic")
+
+    def __init__(self, topic: str, codec: Codec | None, rows: list[Row]) -> None:
+        self.topic = topic
+        self.codec = codec
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> SowRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Records: ...
+
+    def __getitem__(self, index: int | slice) -> SowRecord | Records:
+        if isinstance(index, slice):
+            return Records(self.topic, self.codec, self.rows[index])
+        return self._record(self.rows[index])
+
+    def __iter__(self) -> Iterator[SowRecord]:
+        return map(self._record, self.rows)
+
+    def _record(self, row: Row) -> SowRecord:
+        return SowRecord(self.topic, *row, codec=self.codec)
 
 
 @dataclass
 class QueryResult:
-    records: list[SowRecord]
+    records: Sequence[SowRecord]
     matches: int  # records that matched, before top_n
 
 
@@ -172,24 +215,19 @@ class SowEngine:
         """
         sow = self.sow_config(topic)
         rules = self.rules[topic]
+        terms = order_terms(order_by) if order_by else None  # a bad order_by fails first
         with self.lock:
             owned = self._owned(topic, partitions)
             sources = [self._source(store, filter, sow) for store in owned]
             if listener is not None:
                 self._listeners.append(listener)
             now = self.clock()
-        records = [
-            r
-            for source in sources
-            for r in source
-            if not rules.is_expired(r, now) and (filter is None or _matches(filter, r))
-        ]
-        matches = len(records)
-        if order_by:
-            records = ordered(records, order_by)
+        kept = _rows_kept(sources, filter, terms, lambda r: rules.is_expired(r, now))
+        matches = len(kept)
+        rows = kept if terms is None else sort_pairs(kept, terms)
         if top_n is not None:
-            records = records[:top_n]
-        return QueryResult(records, matches)
+            rows = rows[:top_n]
+        return QueryResult(Records(topic, rules.codec, rows), matches)
 
     def _owned(self, topic: str, partitions: Collection[int] | None = None) -> list[PartitionStore]:
         owned = [s for (t, _), s in sorted(self._stores.items()) if t == topic]
@@ -218,6 +256,35 @@ class SowEngine:
         return store.scan()
 
 
+def _rows_kept(
+    sources: list[Iterator[SowRecord]],
+    filter: Filter | None,
+    terms: list[Term] | None,
+    expired: Callable[[SowRecord], bool],
+) -> list:
+    """The rows of the records that are live and match, each with its sort values when
+    ordered. Each record is decoded once, for both, and let go at once (see Records)."""
+    kept: list = []
+    for source in sources:
+        for record in source:
+            if expired(record) or (filter is not None and not _matches(filter, record)):
+                continue
+            row = _row(record)
+            kept.append(row if terms is None else (sort_values(terms, record.data), row))
+    return kept
+
+
+def _row(record: SowRecord) -> Row:
+    return (
+        record.partition,
+        record.sow_key,
+        record.payload,
+        record.offset,
+        record.timestamp,
+        record.deadline,
+    )
+
+
 def _matches(filter: Filter, record: SowRecord) -> bool:
     try:
         return filter.matches(record.data)
@@ -225,27 +292,61 @@ def _matches(filter: Filter, record: SowRecord) -> bool:
         return False
 
 
-def ordered(records: list[SowRecord], order_by: str) -> list[SowRecord]:
-    """`/a DESC, /b` orders by each expression in turn; NULLs sort last either way."""
-    for term in reversed([t.strip() for t in order_by.split(",") if t.strip()]):
+Term = tuple[Expression, bool]  # an order_by expression and whether it is DESC
+
+
+def order_terms(order_by: str) -> list[Term]:
+    """`/a DESC, /b`: each expression in turn, ascending unless DESC."""
+    terms = []
+    for term in (t.strip() for t in order_by.split(",")):
         words = term.split()
+        if not words:
+            continue
         descending = len(words) > 1 and words[-1].upper() == "DESC"
         if len(words) > 1 and words[-1].upper() in ("ASC", "DESC"):
             words = words[:-1]
-        expression = compile_expression(" ".join(words))
-        present = [(expression.evaluate(r.data), r) for r in records]
-        valued = [p for p in present if p[0] is not None]
-        nulls = [r for v, r in present if v is None]
-        valued = _sorted(valued, descending)
-        records = [r for _, r in valued] + nulls
-    return records
+        terms.append((compile_expression(" ".join(words)), descending))
+    return terms
+
+
+def sort_values(terms: list[Term], data: Any) -> tuple:
+    """A record's sort keys, one (kind, value) after the other: (0, number), (1, text),
+    or NULL when the term has no value. Flat, and made after the keys it holds: the
+    collector stops tracking such a tuple the first time it sees it (a tuple of tuples
+    made before them was still tracked when it reached the oldest generation)."""
+    flat: list = []
+    for expression, _ in terms:
+        value = expression.evaluate(data)
+        flat.extend(NULL if value is None else _sort_key(value))
+    return tuple(flat)
+
+
+NULL = (2, None)  # sort_values of a term without a value
+
+
+def ordered(records: Sequence[T], order_by: str) -> list[T]:
+    """`/a DESC, /b` orders by each expression in turn; NULLs sort last either way."""
+    terms = order_terms(order_by)
+    return sort_pairs([(sort_values(terms, r.data), r) for r in records], terms)
+
+
+def sort_pairs(pairs: list[tuple[tuple, T]], terms: list[Term]) -> list[T]:
+    """The items of (sort values, item) pairs, by each term in turn (stable sorts from the
+    last term to the first); an item with no value for a term goes after those with one."""
+    for position in reversed(range(len(terms))):
+        kind = 2 * position  # where the term's (kind, value) starts in sort_values
+        valued = [p for p in pairs if p[0][kind] != NULL[0]]
+        nulls = [p for p in pairs if p[0][kind] == NULL[0]]
+        pairs = _sorted(valued, terms[position][1], position) + nulls
+    return [item for _, item in pairs]
 
 
 SORT_RUN = 2_000  # records sorted by one C call (a few ms), between turns of the event loop
 
 
-def _sorted(pairs: list[tuple[Any, SowRecord]], descending: bool) -> list[tuple[Any, SowRecord]]:
-    """A stable sort of (value, record) pairs by value, which never holds the GIL long.
+def _sorted(pairs: list[tuple[tuple, T]], descending: bool, position: int = 0) -> list:
+    """A stable sort of (sort values, item) pairs by one value, which never holds the GIL
+    long.
 
     list.sort compares in C without running bytecode, so one sort of a million records
     keeps the gateway's event loop (every other session) waiting for half a second.
@@ -253,8 +354,8 @@ def _sorted(pairs: list[tuple[Any, SowRecord]], descending: bool) -> list[tuple[
     runs) gives the loop its turn between comparisons.
     """
 
-    def key(pair: tuple[Any, SowRecord]) -> tuple[int, object]:
-        return _sort_key(pair[0])
+    def key(pair: tuple[tuple, T]) -> Any:
+        return pair[0][2 * position : 2 * position + 2]
 
     if len(pairs) <= SORT_RUN:
         return sorted(pairs, key=key, reverse=descending)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -147,7 +147,7 @@ async def send_snapshot(
         session.send(ack(header, "completed"))
 
 
-def batches(records: list[SowRecord], size: int) -> Iterator[list[SowRecord]]:
+def batches(records: Iterable[SowRecord], size: int) -> Iterator[list[SowRecord]]:
     """Runs of at most `size` records and about BATCH_BYTES of payload."""
     chunk: list[SowRecord] = []
     payload = 0
