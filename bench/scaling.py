@@ -11,6 +11,11 @@
 - apply: the same topic restored by 1, 2 and 4 workers of a new group on empty state
   directories, from launch until every partition serves, as records per second and
   the ratio to one worker.
+- restore (`--restore-only` for this case alone): one worker on an empty state directory
+  replays the topic from EPOCH without a changelog, then with `Changelog: true` (what
+  writing the changelog costs), then a second worker of that group, on an empty state
+  directory, restores every partition from the changelog instead of the log. Each from
+  launch until served, as records per second.
 
 Workers run as `amps-kafka worker` processes (tests/scaling/workers.py), as deployed.
 """
@@ -77,6 +82,34 @@ def apply_rate(servers: str, topic: str, records: int, workers: int, base: Path)
             worker.stop()
 
 
+def restore_rates(servers: str, topic: str, records: int, base: Path) -> None:
+    """Prints the replay from EPOCH without and with a changelog, and the restore from
+    the changelog, each as records per second from launch until served."""
+    timeout = 2.0
+    for changelog in (False, True):
+        config = write_config(
+            base / f"c{changelog}.yaml", topic, PARTITIONS, timeout, False, changelog
+        )
+        group = group_of(1, config, servers, base / f"replay-{changelog}")
+        rate = launch_to_served(group[0], topic, records)
+        print(f"replay from EPOCH, Changelog {changelog}: {rate:,.0f} records/s", flush=True)
+    time.sleep(timeout * 2)  # the stopped static member leaves the group by its timeout
+    restorer = WorkerProcess("r0", config, servers, group[0].group, base / "restore")
+    rate = launch_to_served(restorer, topic, records)
+    print(f"restore from the changelog (empty state): {rate:,.0f} records/s", flush=True)
+
+
+def launch_to_served(worker: WorkerProcess, topic: str, records: int) -> float:
+    """Records per second from the worker's launch until a query is answered in full."""
+    worker.state.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        started = time.monotonic()
+        address = worker.start().wait_ready(WAIT)
+        return records / (served(address, topic) - started)
+    finally:
+        worker.stop()
+
+
 def failover(servers: str, topic: str, session_timeout: float, base: Path, standby: bool) -> float:
     """Prints the seconds until served through the other gateway after a kill; returns
     those until served again after a kill and an immediate restart."""
@@ -114,6 +147,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--per-partition", type=int, default=100_000)
     parser.add_argument("--session-timeout", type=float, default=2.0)
     parser.add_argument("--no-apply", action="store_true", help="failover figures only")
+    parser.add_argument("--restore-only", action="store_true", help="the restore case only")
     args = parser.parse_args(argv)
     servers = bootstrap()
     records = args.per_partition * PARTITIONS
@@ -121,6 +155,9 @@ def main(argv: list[str]) -> None:
     fill(servers, topic, records)
     print(f"{topic}: {records:,} records, {args.per_partition:,} keys per partition")
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
+        restore_rates(servers, topic, records, Path(tmp) / "restore")
+        if args.restore_only:
+            return
         for standby in (False, True):
             base = Path(tmp) / f"failover-{standby}"
             base.mkdir()

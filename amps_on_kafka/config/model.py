@@ -108,6 +108,9 @@ class SowConfig(_Strict):
     # The topic's records are unkeyed or keyed by something else: the worker re-keys them
     # by SOW key into _amps_repartition.<Topic> and keeps the SOW from that (docs/operations.md).
     repartition: bool = Field(False, alias="Repartition")
+    # Each partition's state is also written to the compacted _amps_changelog.<group>.<Topic>,
+    # from which a worker with no store restores it (processor/changelog.py, docs/scaling.md).
+    changelog: bool = Field(False, alias="Changelog")
 
     @field_validator("key", mode="before")
     @classmethod

@@ -111,6 +111,7 @@ class Standby:
             rules.codec,
             worker.config.state.write_buffer_bytes,
         )
+        worker.restore(store)  # from its changelog, if it has one
         rules.schedules[partition] = worker._expiry_schedule(store, rules)
         self.stores[(topic, partition)] = store
         stored = store.next_offset()

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
@@ -49,6 +49,15 @@ from amps_on_kafka.log.kafka import (
 from amps_on_kafka.log.keys import Placement
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.log.topics import spec_from_config
+from amps_on_kafka.processor.changelog import (
+    Changelog,
+    ChangelogFailed,
+    Entry,
+    encoded_pairs,
+    ensure_changelog_topics,
+    restore,
+    state_changes,
+)
 from amps_on_kafka.processor.collections import collections_paused
 from amps_on_kafka.processor.dead_letters import (
     DeadLetterFailed,
@@ -133,6 +142,11 @@ class Worker:
         self.outage = OutageWatch(bootstrap)  # logs an outage of the consumer's brokers
         self._group_consumer: Consumer | None = None
         self._standby: Standby | None = None
+        # SOW topics whose batches go to a changelog first (processor/changelog.py)
+        self._changelogged = {sow.topic for sow in config.sow if sow.changelog}
+        self._changelog = (
+            Changelog(bootstrap, self.group_id, self.instance_id) if self._changelogged else None
+        )
         # Partitions held on a record whose dead letter failed: when each tries again, and
         # the wait after that (doubling up to RETRY_MAX).
         self._held: dict[tuple[str, int], tuple[float, float]] = {}
@@ -266,6 +280,8 @@ class Worker:
             if self.queues is not None:
                 self.queues.stop()
             return
+        if self._changelog is not None:
+            ensure_changelog_topics(self.bootstrap, self.config, self.group_id)
         consumer = self._group_consumer = self._consumer()
         if self.config.worker.standby:  # warm copies of the others' partitions
             self._standby = Standby(self)
@@ -298,6 +314,8 @@ class Worker:
                 self._standby.close()
             consumer.close()  # revokes, which closes every store
             self._dead_letters.close()
+            if self._changelog is not None:
+                self._changelog.close()
             if self.queues is not None:
                 self.queues.stop()
 
@@ -406,10 +424,25 @@ class Worker:
             rules.codec,
             self.config.state.write_buffer_bytes,
         )
+        self.restore(store)
         rules.schedules[partition] = self._expiry_schedule(store, rules)
         self._expire_store(store, rules)  # seed 000: expirations due at startup go first
         self.engine.attach(store, restore_to)
         return store
+
+    def restore(self, store: PartitionStore) -> None:
+        """A store with no position, of a topic with a changelog, is loaded from it (the
+        worker's and the standby copies' alike): the log is then read from where it was."""
+        if store.topic in self._changelogged and store.next_offset() is None:
+            restore(self.bootstrap, self.group_id, store)
+
+    def _log_changes(
+        self, store: PartitionStore, changes: Iterable[Entry], next_offset: int | None
+    ) -> None:
+        """With a changelog, a batch is committed to it before the store is written:
+        ChangelogFailed otherwise, and the store is left as it was."""
+        if self._changelog is not None and store.topic in self._changelogged:
+            self._changelog.send(store, changes, next_offset)
 
     def _expiry_schedule(self, store: PartitionStore, rules: SowRules) -> ExpirySchedule:
         """Seed 000: a stored deadline is never recalculated. A crash makes the worker
@@ -475,7 +508,7 @@ class Worker:
                 continue
             try:
                 self._apply_batch(store, self.rules[store.topic], batch)
-            except DeadLetterFailed as exc:
+            except (DeadLetterFailed, ChangelogFailed) as exc:
                 self._hold(topic, partition, batch[0].offset(), exc)
                 continue
             self._held.pop((topic, partition), None)
@@ -540,6 +573,7 @@ class Worker:
         return staged
 
     def _write_replacements(self, store: PartitionStore, staged: Replacements, end: int) -> None:
+        self._log_changes(store, encoded_pairs(staged.pairs), end)
         write = partial(store.write_replacements, staged, end)
         changes = BatchApplied(staged.pairs, [], partial(_replaced_change, store))
         self._commit(store, write, changes, blind=True)
@@ -550,6 +584,7 @@ class Worker:
         previous = rules.expiring or self.engine.wants_previous(store.topic)
         state, applied = stage(store, rules, messages, previous)
         self._report_rejections(applied.results, messages)  # dead letters durable first
+        self._log_changes(store, state_changes(state), state.next_offset)
         changes = BatchApplied(applied.changes, applied.results)
         self._commit(store, partial(store.write, state), changes, blind=not previous)
 
@@ -600,10 +635,13 @@ class Worker:
         if target is not None:
             self.dead_lettered.update(reasons)
 
-    def _hold(self, topic: str, partition: int, offset: int, error: DeadLetterFailed) -> None:
-        """Keep a partition on the batch whose dead letters failed: rewind it there and
-        pause it until its retry is due, while the other partitions go on."""
-        self.dead_letter_failures += 1
+    def _hold(
+        self, topic: str, partition: int, offset: int, error: DeadLetterFailed | ChangelogFailed
+    ) -> None:
+        """Keep a partition on the batch whose dead letters (or changelog) failed: rewind
+        it there and pause it until its retry is due, while the other partitions go on."""
+        if isinstance(error, DeadLetterFailed):
+            self.dead_letter_failures += 1
         _, wait = self._held.get((topic, partition), (0.0, RETRY_FIRST / 2))
         wait = min(wait * 2, RETRY_MAX)
         self._held[(topic, partition)] = (time.monotonic() + wait, wait)
@@ -702,6 +740,11 @@ class Worker:
         if staged is None:
             return
         state, changes = staged
+        try:
+            self._log_changes(store, state_changes(state), None)
+        except ChangelogFailed as exc:  # the sweep is due again at the next turn
+            log.warning("%s|%s: expirations wait: %s", store.topic, store.partition, exc)
+            return
         self.expired += len(changes)
         self._commit(store, partial(store.write, state), BatchApplied(changes, []), blind=False)
 

@@ -23,6 +23,11 @@ def pack_record(offset: int, timestamp: int, deadline: int, payload: bytes) -> b
     return _HEADER.pack(offset, timestamp, deadline) + payload
 
 
+def deadline_of(stored: bytes) -> int:
+    """A stored record's deadline, read without decoding the rest."""
+    return _HEADER.unpack_from(stored)[2]
+
+
 @dataclass(slots=True)
 class SowRecord:
     """The latest state of one SOW key in one partition of a topic."""

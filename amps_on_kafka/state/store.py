@@ -28,7 +28,7 @@ from amps_on_kafka.config.model import DEFAULT_WRITE_BUFFER_BYTES
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.state.events import Replaced
-from amps_on_kafka.state.record import NEVER, SowRecord
+from amps_on_kafka.state.record import NEVER, SowRecord, deadline_of
 
 COLUMN_FAMILIES = ("sow", "expiry", "meta")
 _OFFSET_KEY = b"next_offset"
@@ -134,6 +134,16 @@ class StateBatch:
     def set(self, sow_key: str, record: SowRecord | None) -> None:
         self.records[sow_key] = record
 
+    def changed(self) -> Iterator[tuple[str, SowRecord | None, SowRecord | None]]:
+        """(key, record before or None if unknown or absent, record after or None when
+        deleted) for each key the batch changed: what the store and the changelog write."""
+        stored = self.stored
+        for key, after in self.records.items():
+            before = stored.get(key)
+            if key in stored and before is after:
+                continue  # read, never changed
+            yield key, before, after
+
     def current(self) -> Iterator[SowRecord]:
         """Every live record as of this point in the batch (for deletes by filter)."""
         for record in self.store.scan():
@@ -194,9 +204,7 @@ class PartitionStore:
         oldest first: what SowRules.expiry_at reads (an ExpirySchedule); empty for a new
         store."""
         raw = self._meta.get(_EXPIRY_KEY)
-        if raw is None:
-            return []
-        return [(o, None if ms < 0 else ms, on) for o, ms, on in _EXPIRY_ENTRY.iter_unpack(raw)]
+        return [] if raw is None else unpack_history(raw)
 
     def record_expiry(self, default_ms: int | None, expiring: bool, from_offset: int) -> History:
         """Put on disk, before anything is applied with it, that the records from this
@@ -213,9 +221,8 @@ class PartitionStore:
         resume = self.next_offset() or 0
         while len(entries) > 1 and entries[1][0] <= resume:
             del entries[0]
-        raw = b"".join(_EXPIRY_ENTRY.pack(o, -1 if d is None else d, on) for o, d, on in entries)
         writes = WriteBatch(raw_mode=True)
-        writes.put(_EXPIRY_KEY, raw, self._handles["meta"])
+        writes.put(_EXPIRY_KEY, pack_history(entries), self._handles["meta"])
         self._db.write(writes, _NO_WAL)
         self._unflushed = True
         self.flush()
@@ -288,13 +295,9 @@ class PartitionStore:
         """Apply a batch and its offset atomically (one WriteBatch)."""
         sow, expiry = self._handles["sow"], self._handles["expiry"]
         writes = WriteBatch(raw_mode=True)
-        stored = batch.stored
-        for key, after in batch.records.items():
-            before = stored.get(key, _UNREAD)
-            if before is after:
-                continue  # read, never changed
+        for key, before, after in batch.changed():
             raw_key = key.encode()
-            if before is not _UNREAD and before is not None and before.deadline != NEVER:
+            if before is not None and before.deadline != NEVER:
                 writes.delete(_expiry_key(before.deadline, raw_key), expiry)
             if after is None:
                 writes.delete(raw_key, sow)
@@ -319,6 +322,33 @@ class PartitionStore:
         self._db.write(writes, _NO_WAL)
         self._unflushed = True
 
+    def load(self, pairs: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Records restored from elsewhere (processor/changelog.py): each raw key's record
+        as stored, or None to delete it, written blind with its deadline's expiry entry.
+        A key loaded twice leaves its first deadline's entry behind, which the sweep
+        removes as it does any left by a blind write (see `due`)."""
+        sow, expiry = self._handles["sow"], self._handles["expiry"]
+        writes = WriteBatch(raw_mode=True)
+        for raw_key, stored in pairs:
+            if stored is None:
+                writes.delete(raw_key, sow)
+                continue
+            writes.put(raw_key, stored, sow)
+            deadline = deadline_of(stored)
+            if deadline != NEVER:
+                writes.put(_expiry_key(deadline, raw_key), b"", expiry)
+        self._commit(writes, None)
+
+    def load_position(self, next_offset: int, history: History) -> None:
+        """After `load`: the offset the loaded records reflect and the expiration config
+        they were applied with, then everything on disk (the offset is what marks a
+        store as restored: one without it is restored again from the start)."""
+        writes = WriteBatch(raw_mode=True)
+        if history:
+            writes.put(_EXPIRY_KEY, pack_history(history), self._handles["meta"])
+        self._commit(writes, next_offset)
+        self.flush()
+
     def flush(self) -> None:
         """Put everything written so far on disk, every column family at the same point.
 
@@ -338,6 +368,14 @@ class PartitionStore:
     @staticmethod
     def destroy(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def pack_history(entries: History) -> bytes:
+    return b"".join(_EXPIRY_ENTRY.pack(o, -1 if d is None else d, on) for o, d, on in entries)
+
+
+def unpack_history(raw: bytes) -> History:
+    return [(o, None if ms < 0 else ms, on) for o, ms, on in _EXPIRY_ENTRY.iter_unpack(raw)]
 
 
 def _expiry_key(deadline: int, sow_key: bytes) -> bytes:

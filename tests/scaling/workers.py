@@ -17,12 +17,17 @@ ROOT = Path(__file__).parents[2]
 
 
 def write_config(
-    path: Path, topic: str, partitions: int, session_timeout: float, standby: bool = False
+    path: Path,
+    topic: str,
+    partitions: int,
+    session_timeout: float,
+    standby: bool = False,
+    changelog: bool = False,
 ) -> Path:
     """A config serving one SOW topic keyed by /id, anonymous logons (a test's)."""
     config = {
         "Topics": [{"Name": topic, "Partitions": partitions}],
-        "SOW": [{"Topic": topic, "Key": "/id"}],
+        "SOW": [{"Topic": topic, "Key": "/id", "Changelog": changelog}],
         "Worker": {"SessionTimeout": session_timeout, "Standby": standby},
         "Authentication": {"Anonymous": True},
     }

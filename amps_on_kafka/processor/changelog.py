@@ -1,0 +1,236 @@
+"""Changelog topics: a partition's SOW restored on any machine, without its log (SOW
+Changelog: true; docs/scaling.md, "State without the whole log").
+
+A worker keeps each partition's state in a local store that only its own disk holds: a
+worker elsewhere rebuilds it from the log, which must then be kept from its first
+record. With a changelog, every batch the worker writes to a store is first written to
+the compacted topic `_amps_changelog.<group>.<topic>` (one partition per partition of the
+log it reads): each changed SOW key with its record as stored (deadline included), a
+tombstone for each key deleted or expired, and one meta record per partition holding the
+log offset the batch brings the state to and the expiration config history. The batch
+and its meta go in one Kafka transaction, committed before the store is written, so
+whatever committed prefix of the changelog a reader sees is the exact state at the
+offset its last meta record names. A worker that opens a partition with no store reads
+the changelog (read_committed) to its end into the store, then resumes the log after
+that offset: only the log since needs to be kept (the retention a user may then set).
+
+Compaction keeps one record per key: the changelog holds as many records as the SOW,
+not as the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import uuid
+from collections.abc import Iterable, Iterator
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from amps_on_kafka.config import Config
+from amps_on_kafka.errors import ConfigError, TransportError, UnknownTopic
+from amps_on_kafka.log.kafka import (
+    METADATA_TIMEOUT,
+    admin_client,
+    client_config,
+    partitions_of,
+    reader,
+)
+from amps_on_kafka.processor.repartition import consumed_topic
+from amps_on_kafka.state.store import (
+    History,
+    PartitionStore,
+    StateBatch,
+    pack_history,
+    unpack_history,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = "_amps_changelog."
+# Keys: b"r" + SOW key for a record, b"m" for the partition's meta record, so no SOW key
+# can be taken for the meta record.
+_RECORD, _META = b"r", b"m"
+_OFFSET = struct.Struct(">q")
+TRANSACTION_TIMEOUT = 30.0  # seconds: a dead worker's open transaction is aborted after it
+COMMIT_TIMEOUT = 30.0  # seconds a batch waits for its transaction's commit
+RESTORE_BATCH = 10_000  # changelog records loaded into the store per write
+Entry = tuple[bytes, bytes | None]  # raw SOW key, record as stored (None: deleted)
+
+
+class ChangelogFailed(TransportError):
+    """Kafka did not take a batch's changelog transaction: the batch is not written to
+    the store either, and its partition tries again (Worker._hold)."""
+
+
+def changelog_topic(group: str, topic: str) -> str:
+    return f"{PREFIX}{group}.{topic}"
+
+
+def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> None:
+    """The changelog of each SOW topic with Changelog on exists, compacted, with as many
+    partitions as the log it mirrors; a changelog with another count is a ConfigError (its
+    partitions would not match the stores')."""
+    wanted = [sow for sow in config.sow if sow.changelog]
+    if not wanted:
+        return
+    admin = admin_client(bootstrap)
+    for sow in wanted:
+        name = changelog_topic(group, sow.topic)
+        count = len(partitions_of(admin, consumed_topic(sow)))
+        try:
+            existing = len(partitions_of(admin, name))
+        except UnknownTopic:
+            _create(admin, name, count)
+            continue
+        if existing != count:
+            raise ConfigError(
+                f"SOW {sow.topic}: its changelog {name} has {existing} partitions, its log "
+                f"{count}; delete the changelog (the workers rebuild it from their stores)"
+            )
+
+
+def _create(admin: AdminClient, name: str, partitions: int) -> None:
+    topic = NewTopic(name, partitions, config={"cleanup.policy": "compact"})
+    futures = admin.create_topics([topic], operation_timeout=METADATA_TIMEOUT)
+    try:
+        futures[name].result()
+        log.info("created the changelog topic %s (%d partitions)", name, partitions)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise TransportError(f"can't create the changelog topic {name!r}: {exc}") from exc
+
+
+def state_changes(state: StateBatch) -> Iterator[Entry]:
+    """What a StateBatch changes, as changelog records."""
+    for key, _, after in state.changed():
+        yield key.encode(), None if after is None else after.encode()
+
+
+def encoded_pairs(pairs: Iterable[tuple[str, bytes]]) -> Iterator[Entry]:
+    """Records replaced blind (store.Replacements.pairs), as changelog records."""
+    for key, stored in pairs:
+        yield key.encode(), stored
+
+
+class Changelog:
+    """The changelog writer of one worker: one transactional producer for every topic.
+
+    Its transactional id is the worker's instance id when it has one, so a worker
+    restarted with it aborts what its previous run left open (and fences that run);
+    otherwise a new id per run, whose open transaction the broker aborts after
+    TRANSACTION_TIMEOUT. Readers are read_committed: they never see half a batch.
+    """
+
+    def __init__(self, bootstrap: str, group: str, instance_id: str | None) -> None:
+        self.bootstrap = bootstrap
+        self.group = group
+        suffix = instance_id or uuid.uuid4().hex
+        self._producer = Producer(
+            {
+                **client_config(bootstrap),
+                "transactional.id": f"amps-changelog.{group}.{suffix}",
+                "transaction.timeout.ms": int(TRANSACTION_TIMEOUT * 1000),
+                "linger.ms": 5,
+                "compression.type": "lz4",
+            }
+        )
+        self._ready = False
+
+    def send(
+        self, store: PartitionStore, changes: Iterable[Entry], next_offset: int | None
+    ) -> None:
+        """Write a batch's changes and the log offset it brings the state to (None: the
+        store's own, for a sweep) in one transaction; returns once Kafka committed it,
+        else raises ChangelogFailed, and nothing of it is visible to a read_committed
+        reader. The caller writes the store only after."""
+        producer = self._begin()
+        name, partition = changelog_topic(self.group, store.topic), store.partition
+        try:
+            for raw_key, stored in changes:
+                producer.produce(name, stored, _RECORD + raw_key, partition)
+                producer.poll(0)
+            offset = next_offset if next_offset is not None else store.next_offset()
+            if offset is not None:
+                meta = _OFFSET.pack(offset) + pack_history(store.expiry_history())
+                producer.produce(name, meta, _META, partition)
+            producer.commit_transaction(COMMIT_TIMEOUT)
+        except (KafkaException, BufferError) as exc:
+            self._abort(exc)
+            raise ChangelogFailed(
+                f"changelog {name}|{partition} not written ({exc}): the batch waits"
+            ) from exc
+
+    def close(self) -> None:
+        self._producer.flush(COMMIT_TIMEOUT)
+
+    def _begin(self) -> Producer:
+        try:
+            if not self._ready:
+                self._producer.init_transactions(COMMIT_TIMEOUT)
+                self._ready = True
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            raise ChangelogFailed(f"changelog transaction not started: {exc}") from exc
+        return self._producer
+
+    def _abort(self, exc: BaseException) -> None:
+        """Abort a failed transaction, or fail the worker when it can't go on (fenced by
+        a newer run with the same instance id: two workers would write one changelog)."""
+        error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        if isinstance(error, KafkaError) and error.fatal():
+            raise TransportError(f"changelog producer failed for good: {error.str()}") from exc
+        try:
+            self._producer.abort_transaction(COMMIT_TIMEOUT)
+        except KafkaException as abort_error:
+            log.warning("aborting a changelog transaction failed: %s", abort_error)
+
+
+def restore(bootstrap: str, group: str, store: PartitionStore) -> int | None:
+    """Load a partition's changelog (what is committed, to its end) into an empty store;
+    the log offset it reflects, now the store's, or None when the changelog holds no
+    position yet (the partition is then built from the log, as without a changelog)."""
+    name = changelog_topic(group, store.topic)
+    consumer = reader(
+        bootstrap, **{"isolation.level": "read_committed", "enable.partition.eof": True}
+    )
+    consumer.assign([TopicPartition(name, store.partition, OFFSET_BEGINNING)])
+    loaded, meta, pending = 0, None, []
+    try:
+        while True:
+            message = consumer.poll(METADATA_TIMEOUT)
+            if message is None:
+                raise TransportError(f"restoring {name}|{store.partition}: Kafka is silent")
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    break
+                raise TransportError(f"restoring {name}|{store.partition}: {message.error()}")
+            key = message.key()
+            if key == _META:
+                meta = message.value()
+                continue
+            pending.append((key[len(_RECORD) :], message.value()))
+            if len(pending) >= RESTORE_BATCH:
+                store.load(pending)
+                loaded, pending = loaded + len(pending), []
+        store.load(pending)
+        loaded += len(pending)
+    finally:
+        consumer.close()
+    if meta is None:
+        return None
+    offset, history = _OFFSET.unpack_from(meta)[0], _history(meta)
+    store.load_position(offset, history)
+    log.info(
+        "restored %s|%s from its changelog: %d records, at offset %d",
+        store.topic,
+        store.partition,
+        loaded,
+        offset,
+    )
+    return offset
+
+
+def _history(meta: bytes) -> History:
+    return unpack_history(meta[_OFFSET.size :])

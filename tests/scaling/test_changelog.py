@@ -1,0 +1,210 @@
+"""Issue 15 item 3: a partition's SOW restored from its changelog on an empty state
+directory, after the log's beginning was deleted (processor/changelog.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import OFFSET_END, TopicPartition
+
+from amps_on_kafka.config import Config, load_config
+from amps_on_kafka.log.kafka import admin_client, end_offsets, reader
+from amps_on_kafka.processor.changelog import changelog_topic, restore
+from amps_on_kafka.processor.worker import Worker
+from amps_on_kafka.state.store import PartitionStore
+from tests.scaling.test_workers import session_timeout
+from tests.sow.test_worker import reference_sow
+
+ROOT = Path(__file__).parents[2]
+WAIT = 60.0  # seconds any step may take
+
+
+def config_of(topic: str, bootstrap: str, **sow) -> dict:
+    return {
+        "Topics": [{"Name": topic, "Partitions": 2}],
+        "SOW": [{"Topic": topic, "Key": "/id", "Changelog": True, **sow}],
+        "Worker": {"SessionTimeout": session_timeout(bootstrap)},
+    }
+
+
+@pytest.fixture
+def sow_topic(topic_factory):
+    return topic_factory(partitions=2, key=("/id",))
+
+
+@pytest.fixture
+def run_worker(bootstrap):
+    """run_worker(config, state_dir, group, clock=None) -> a started, ready Worker that
+    the test may stop itself; the fixture stops every one at the end."""
+    running: list[Worker] = []
+
+    def run(config: dict, state: Path, group: str, clock=None) -> Worker:
+        extra = {} if clock is None else {"clock": clock}
+        worker = Worker(Config.model_validate(config), bootstrap, state, group_id=group, **extra)
+        worker.start()
+        worker.wait_ready(WAIT)
+        running.append(worker)
+        return worker
+
+    yield run
+    for worker in running:
+        worker.stop()  # again for those the test stopped: it does nothing then
+
+
+def caught_up(worker: Worker, bootstrap: str, topic: str) -> None:
+    worker.wait_caught_up(topic, end_offsets(bootstrap, topic), WAIT)
+
+
+def held(worker: Worker, topic: str) -> dict:
+    return {r.sow_key: (r.data, r.offset, r.deadline) for r in worker.engine.query(topic).records}
+
+
+def delete_log(bootstrap: str, topic: str) -> None:
+    """Delete every record of the topic (as retention would), and check it is gone."""
+    admin = admin_client(bootstrap)
+    gone = [TopicPartition(topic, p, OFFSET_END) for p in (0, 1)]
+    for future in admin.delete_records(gone).values():
+        future.result(WAIT)
+    consumer = reader(bootstrap)
+    try:
+        for p in (0, 1):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            assert low == high
+    finally:
+        consumer.close()
+
+
+def until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_an_empty_state_dir_restores_records_and_deadlines_without_the_log(
+    bootstrap, sow_topic, client, run_worker, tmp_path
+):
+    """Upserts, a delta, deletes by key and by filter and an expired record; then the
+    log is deleted and a worker on an empty state directory serves the same SOW, with the
+    same stored deadlines (seed 000), from the changelog: it applied no log record, and
+    goes on from the right offset."""
+    for i in range(30):
+        client.publish(sow_topic, {"id": i, "v": i})
+    client.delta_publish(sow_topic, {"id": 3, "extra": True})
+    client.sow_delete(sow_topic, keys=["4", "5"])
+    client.sow_delete(sow_topic, "/v >= 28")
+    client.publish(sow_topic, {"id": 7, "v": -7}, expiration=0.001)  # expires at once
+    client.publish_flush(10)
+    config, group = config_of(sow_topic, bootstrap, Expiration="1h"), f"g-{uuid.uuid4().hex[:8]}"
+    first = run_worker(config, tmp_path / "first", group)
+    caught_up(first, bootstrap, sow_topic)
+    until(lambda: first.expired >= 1, "record 7 never expired")
+    before = held(first, sow_topic)
+    assert sorted(before, key=int) == [str(i) for i in range(28) if i not in (4, 5, 7)]
+    assert before["3"][0] == {"id": 3, "v": 3, "extra": True}
+    assert all(deadline > 0 for _, _, deadline in before.values())
+    first.stop()
+    delete_log(bootstrap, sow_topic)
+
+    now = [time.time_ns() // 1_000_000]
+    second = run_worker(config, tmp_path / "second", group, clock=lambda: now[0])
+    caught_up(second, bootstrap, sow_topic)
+    assert held(second, sow_topic) == before
+    assert second.applied == 0  # nothing came from the log: it holds nothing
+    client.publish(sow_topic, {"id": 99, "v": 99})
+    client.publish_flush(10)
+    caught_up(second, bootstrap, sow_topic)
+    assert held(second, sow_topic)["99"][0] == {"id": 99, "v": 99}
+    now[0] += 2 * 3_600_000  # past every 1h deadline: the restored expiry index sweeps all
+    until(lambda: not held(second, sow_topic), "restored deadlines never fell due")
+
+
+def test_sigkill_loses_the_store_flush_and_the_changelog_keeps_it_exact(
+    bootstrap, sow_topic, client, run_worker, tmp_path
+):
+    """A worker applies deltas whose order matters and is SIGKILLed before its store
+    flushed them: the restart on its state directory applies them again from the log
+    (re-writing the changelog), and a worker on an empty directory, with the log deleted,
+    restores from the changelog. Both hold the replayed SOW: nothing lost or doubled."""
+    config = config_of(sow_topic, bootstrap)
+    config["State"] = {"FlushEvery": "1h"}  # the killed worker's writes stay in memory
+    group, state = f"g-{uuid.uuid4().hex[:8]}", tmp_path / "state"
+    publish_deltas(client, sow_topic, 0, 1000)
+    first = run_worker(config, state, group)  # a clean stop: its stores are on disk
+    caught_up(first, bootstrap, sow_topic)
+    first.stop()
+    publish_deltas(client, sow_topic, 1000, 2000)
+    kill_when_changelogged(config, bootstrap, state, group, tmp_path)
+
+    restarted = run_worker(config, state, group)
+    caught_up(restarted, bootstrap, sow_topic)
+    expected = reference_sow(bootstrap, restarted, sow_topic)
+    assert restarted.applied == 1000  # the killed run's work was lost with its memtables
+    assert {k: (r.data, r.offset) for k, r in _records(restarted, sow_topic)} == expected
+    restarted.stop()
+    delete_log(bootstrap, sow_topic)
+
+    fresh = run_worker(config, tmp_path / "fresh", group)
+    caught_up(fresh, bootstrap, sow_topic)
+    assert fresh.applied == 0
+    assert {k: (r.data, r.offset) for k, r in _records(fresh, sow_topic)} == expected
+    changelog = end_offsets(bootstrap, changelog_topic(group, sow_topic))
+    assert sum(changelog.values()) > 0  # what it restored from is where the docs say
+
+
+def _records(worker: Worker, topic: str):
+    return ((r.sow_key, r) for r in worker.engine.query(topic).records)
+
+
+def publish_deltas(client, topic: str, start: int, end: int) -> None:
+    for i in range(start, end):
+        if i % 4 == 0:
+            client.publish(topic, {"id": i % 40, "base": i})
+        else:
+            client.delta_publish(topic, {"id": i % 40, f"f{i % 5}": i, "last": i})
+    client.publish_flush(30)
+
+
+def kill_when_changelogged(
+    config: dict, bootstrap: str, state: Path, group: str, tmp_path: Path
+) -> None:
+    """Run a worker in a process of its own until its changelog holds the whole log,
+    then SIGKILL it."""
+    config_file = tmp_path / "worker.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    load_config(config_file)  # the file reads as the dict did
+    command = [sys.executable, "-m", "tests.sow.worker_process", str(config_file), bootstrap]
+    process = subprocess.Popen(
+        [*command, str(state), group], cwd=ROOT, stdout=subprocess.DEVNULL, text=True
+    )
+    try:
+        until(lambda: changelogged(bootstrap, group, config, tmp_path), "never changelogged")
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def changelogged(bootstrap: str, group: str, config: dict, tmp_path: Path) -> bool:
+    """Whether a restore from the changelog now reaches the log's end (what a worker on
+    an empty directory would do, into a scratch store)."""
+    topic = config["SOW"][0]["Topic"]
+    ends = end_offsets(bootstrap, topic)
+    scratch = tmp_path / f"scratch-{uuid.uuid4().hex[:6]}"
+    for partition, end in ends.items():
+        store = PartitionStore(scratch / str(partition), topic, partition)
+        try:
+            if restore(bootstrap, group, store) != end:
+                return False
+        finally:
+            store.close()
+    return True
