@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.errors import AmpsError, FilterError
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.log.replay import select_topics
@@ -72,6 +73,7 @@ Handler = Callable[["Session", Request], Awaitable[None]]
 # client that may never read it.
 CLOSE_FLUSH_BYTES = 64 * 1024
 WRITES = frozenset({"publish", "delta_publish", "sow_delete"})
+_LIMIT = re.compile(r"at position \d+: (.*?) in \"")  # expr/lexer.py's error format
 READS = frozenset({"sow", "subscribe", "sow_and_subscribe"})
 
 
@@ -160,6 +162,7 @@ class Session:
                 self.close()
             return
         header = event.header
+        own_filter = header.get("f")
         try:
             request = Request(header, event.payload, acks(header))
             handler = self._handler(header)
@@ -170,6 +173,8 @@ class Session:
         except Denied as exc:
             audit.warning("denied: %r: %s", self, exc.reason)
             self.fail(header, exc.reason)
+        except FilterError as exc:
+            self.fail(header, _own_terms(exc, own_filter, header.get("f")))
         except AmpsError as exc:
             self.fail(header, exc.reason)
         await self._pace()
@@ -365,6 +370,18 @@ class Session:
             self.writer.transport.abort()  # a client that doesn't read would hold it forever
         else:
             self.writer.close()
+
+
+def _own_terms(exc: FilterError, own: object, used: object) -> str:
+    """A filter's error in the user's terms. The user's own filter was compiled alone
+    first (`_restrict`), so an error here with an entitlement filter ANDed in is a limit
+    (length, depth, operations) the two reach together: its position and excerpt would
+    show the entitlement filter, which is the gateway's, so they are left out."""
+    if used == own:
+        return exc.reason
+    limit = _LIMIT.match(exc.reason)
+    what = limit.group(1) if limit else exc.reason.split(" in ", 1)[0]
+    return f"filter: {what}, counting the entitlement filter ANDed with it"
 
 
 def _reported_per_command(_failure: object) -> None:

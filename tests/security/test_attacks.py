@@ -189,6 +189,22 @@ def test_a_peer_leg_tells_an_entitlement_oof_and_a_user_cannot_forge_one(target:
         erin.close()
 
 
+def test_a_filter_error_does_not_show_the_entitlement_filter(target: Target) -> None:
+    """A filter within the limits alone, beyond them with the entitlement filter ANDed:
+    the error quoted the combined text (`...fx') AND (((((...`)."""
+    erin = _logon(target, "erin")
+    try:
+        deep = "(" * 50 + "/qty = 1" + ")" * 50
+        reply = erin.request({"c": "sow", "t": target.orders, "cid": "d", "f": deep}).header
+        assert reply["reason"] == (
+            "filter: nested more than 50 levels deep, counting the entitlement filter ANDed with it"
+        )
+        wrong = erin.request({"c": "sow", "t": target.orders, "cid": "w", "f": "/qty = = 1"})
+        assert wrong.header["reason"].startswith("at position 8:")  # her own, as before
+    finally:
+        erin.close()
+
+
 # -- guessing passwords: the throttle (qa14) ------------------------------------------
 # 20 connections sending wrong passwords for alice at once had all 20 tried before the
 # first failure was counted, and every later attempt queued behind the others: after 15 s
