@@ -398,6 +398,8 @@ async def logon(session: Session, request: Request) -> None:
     for reserved in "|:":
         if reserved in name:
             raise ProtocolError(f"client name {name!r} must not contain {reserved!r}")
+    if not name.isprintable():  # it is logged (audit lines) and shown (/admin, stats)
+        raise ProtocolError(f"client name {name!r} must be printable: no line breaks")
     credentials = Credentials(
         text(header, "user_id"),
         text(header, "pw"),

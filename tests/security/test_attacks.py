@@ -205,6 +205,17 @@ def test_a_filter_error_does_not_show_the_entitlement_filter(target: Target) -> 
         erin.close()
 
 
+def test_a_client_name_with_a_line_break_is_refused(target: Target) -> None:
+    """It went into audit lines as it was: a name could add lines to the audit trail."""
+    wire = Wire(target.address)
+    try:
+        header = {"c": "logon", "cid": "l", "user_id": "erin", "pw": PASSWORD}
+        reply = wire.request({**header, "client_name": "app\nWARNING denied nothing"}).header
+        assert reply["reason"].endswith("must be printable: no line breaks")
+    finally:
+        wire.close()
+
+
 # -- guessing passwords: the throttle (qa14) ------------------------------------------
 # 20 connections sending wrong passwords for alice at once had all 20 tried before the
 # first failure was counted, and every later attempt queued behind the others: after 15 s
