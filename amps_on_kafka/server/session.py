@@ -226,7 +226,15 @@ class Session:
             names = await self.gateway.blocking(select_topics, self.gateway.producer, topic)
         else:
             names = [topic]
-        accesses = {name: entitlements.check_read(command, name) for name in names}
+        try:
+            accesses = {name: entitlements.check_read(command, name) for name in names}
+        except Denied:
+            if names == [topic]:
+                raise
+            raise Denied(  # the pattern, not the name: names the user may not read stay unsaid
+                f"not entitled: user {entitlements.user!r} may not {command} {topic!r}: it "
+                "matches a topic or queue this user may not read"
+            ) from None
         filters = {access.text for access in accesses.values()}
         if len(filters) > 1:
             kind = "queues" if queue else "topics"

@@ -147,7 +147,10 @@ def test_a_topic_regex_needs_read_on_every_topic_it_matches(
             replayed = _replay(dave, attack, "r")[-1].header
             live = dave.request({"c": "subscribe", "t": attack, "sub_id": "s", "cid": "s"})
             mixed = _replay(erin, attack, "e")[-1].header
-        denied = f"not entitled: user 'dave' may not subscribe {target.orders!r}"
+        denied = (
+            f"not entitled: user 'dave' may not subscribe {attack!r}: it matches a topic or "
+            "queue this user may not read"
+        )
         assert (replayed["status"], replayed["reason"]) == ("failure", denied)
         assert (live.header["status"], live.header["reason"]) == ("failure", denied)
         # erin reads both, but orders only through a filter the pattern can't carry
