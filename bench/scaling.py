@@ -11,11 +11,12 @@
 - apply: the same topic restored by 1, 2 and 4 workers of a new group on empty state
   directories, from launch until every partition serves, as records per second and
   the ratio to one worker.
-- restore (`--restore-only` for this case alone): one worker on an empty state directory
-  replays the topic from EPOCH without a changelog, then with `Changelog: true` (what
-  writing the changelog costs), then a second worker of that group, on an empty state
-  directory, restores every partition from the changelog instead of the log. Each from
-  launch until served, as records per second.
+- restore (`--restore-only` for this case alone), on a topic of its own with as many
+  records, each key published VERSIONS times (the SOW holds a quarter of the log): one
+  worker on an empty state directory replays the topic from EPOCH without a changelog,
+  then with `Changelog: true` (what writing the changelog costs), then a second worker
+  of that group, on an empty state directory, restores every partition from the
+  changelog instead of the log. Each from launch until served.
 
 Workers run as `amps-kafka worker` processes (tests/scaling/workers.py), as deployed.
 """
@@ -35,13 +36,17 @@ from bench.common import bootstrap, new_topic
 from tests.scaling.workers import WorkerProcess, write_config
 
 PARTITIONS = 4
+VERSIONS = 4  # times each key is published in the restore case's topic
 WAIT = 600.0  # seconds any step may take before the benchmark gives up
 
 
-def fill(servers: str, topic: str, count: int) -> None:
+def fill(servers: str, topic: str, count: int, versions: int = 1) -> None:
+    """`count` records: count / versions keys, each published `versions` times."""
     publisher = LogPublisher(servers, "bench-scaling", report_successes=False)
-    for key in range(count):
-        publisher.publish(topic, {"id": key, "v": key, "pad": "x" * 150})
+    keys = count // versions
+    for version in range(versions):
+        for key in range(keys):
+            publisher.publish(topic, {"id": key, "v": version, "pad": "x" * 150})
     publisher.flush(300)
 
 
@@ -82,30 +87,41 @@ def apply_rate(servers: str, topic: str, records: int, workers: int, base: Path)
             worker.stop()
 
 
-def restore_rates(servers: str, topic: str, records: int, base: Path) -> None:
+def restore_rates(servers: str, records: int, base: Path) -> None:
     """Prints the replay from EPOCH without and with a changelog, and the restore from
-    the changelog, each as records per second from launch until served."""
+    the changelog, each as seconds and log records per second from launch until served."""
+    topic = new_topic(servers, "changelog", PARTITIONS, key=("/id",))
+    fill(servers, topic, records, VERSIONS)
     timeout = 2.0
+    base.mkdir(parents=True)
     for changelog in (False, True):
         config = write_config(
             base / f"c{changelog}.yaml", topic, PARTITIONS, timeout, False, changelog
         )
         group = group_of(1, config, servers, base / f"replay-{changelog}")
-        rate = launch_to_served(group[0], topic, records)
-        print(f"replay from EPOCH, Changelog {changelog}: {rate:,.0f} records/s", flush=True)
+        took = launch_to_served(group[0], topic)
+        print(
+            f"{records:,} log records ({records // VERSIONS:,} keys) replayed from EPOCH, "
+            f"Changelog {changelog}: {took:.1f}s, {records / took:,.0f} log records/s",
+            flush=True,
+        )
     time.sleep(timeout * 2)  # the stopped static member leaves the group by its timeout
     restorer = WorkerProcess("r0", config, servers, group[0].group, base / "restore")
-    rate = launch_to_served(restorer, topic, records)
-    print(f"restore from the changelog (empty state): {rate:,.0f} records/s", flush=True)
+    took = launch_to_served(restorer, topic)
+    print(
+        f"restored from the changelog on an empty state directory: {took:.1f}s, "
+        f"{records / took:,.0f} log records/s ({records // VERSIONS / took:,.0f} SOW records/s)",
+        flush=True,
+    )
 
 
-def launch_to_served(worker: WorkerProcess, topic: str, records: int) -> float:
-    """Records per second from the worker's launch until a query is answered in full."""
+def launch_to_served(worker: WorkerProcess, topic: str) -> float:
+    """Seconds from the worker's launch until a query is answered in full."""
     worker.state.parent.mkdir(parents=True, exist_ok=True)
     try:
         started = time.monotonic()
         address = worker.start().wait_ready(WAIT)
-        return records / (served(address, topic) - started)
+        return served(address, topic) - started
     finally:
         worker.stop()
 
@@ -151,13 +167,13 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     servers = bootstrap()
     records = args.per_partition * PARTITIONS
-    topic = new_topic(servers, "scaling", PARTITIONS, key=("/id",))
-    fill(servers, topic, records)
-    print(f"{topic}: {records:,} records, {args.per_partition:,} keys per partition")
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
-        restore_rates(servers, topic, records, Path(tmp) / "restore")
+        restore_rates(servers, records, Path(tmp) / "restore")
         if args.restore_only:
             return
+        topic = new_topic(servers, "scaling", PARTITIONS, key=("/id",))
+        fill(servers, topic, records)
+        print(f"{topic}: {records:,} records, {args.per_partition:,} keys per partition")
         for standby in (False, True):
             base = Path(tmp) / f"failover-{standby}"
             base.mkdir()

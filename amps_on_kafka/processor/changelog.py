@@ -25,7 +25,14 @@ import struct
 import uuid
 from collections.abc import Iterable, Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from amps_on_kafka.config import Config
@@ -34,10 +41,10 @@ from amps_on_kafka.log.kafka import (
     METADATA_TIMEOUT,
     admin_client,
     client_config,
+    consume_available,
     partitions_of,
     reader,
 )
-from amps_on_kafka.processor.repartition import consumed_topic
 from amps_on_kafka.state.store import (
     History,
     PartitionStore,
@@ -70,7 +77,8 @@ def changelog_topic(group: str, topic: str) -> str:
 
 def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> None:
     """The changelog of each SOW topic with Changelog on exists, compacted, with as many
-    partitions as the log it mirrors; a changelog with another count is a ConfigError (its
+    partitions as the log it mirrors (a Repartition SOW's internal topic has the source's
+    count, and may not exist yet); a changelog with another count is a ConfigError (its
     partitions would not match the stores')."""
     wanted = [sow for sow in config.sow if sow.changelog]
     if not wanted:
@@ -78,7 +86,7 @@ def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> None:
     admin = admin_client(bootstrap)
     for sow in wanted:
         name = changelog_topic(group, sow.topic)
-        count = len(partitions_of(admin, consumed_topic(sow)))
+        count = len(partitions_of(admin, sow.topic))  # a repartition topic's count too
         try:
             existing = len(partitions_of(admin, name))
         except UnknownTopic:
@@ -109,8 +117,9 @@ def state_changes(state: StateBatch) -> Iterator[Entry]:
 
 
 def encoded_pairs(pairs: Iterable[tuple[str, bytes]]) -> Iterator[Entry]:
-    """Records replaced blind (store.Replacements.pairs), as changelog records."""
-    for key, stored in pairs:
+    """Records replaced blind (store.Replacements.pairs), as changelog records: a key
+    replaced twice in the batch is written once, with its later record."""
+    for key, stored in dict(pairs).items():
         yield key.encode(), stored
 
 
@@ -139,12 +148,23 @@ class Changelog:
         self._ready = False
 
     def send(
-        self, store: PartitionStore, changes: Iterable[Entry], next_offset: int | None
+        self,
+        store: PartitionStore,
+        changes: Iterable[Entry],
+        next_offset: int | None,
+        member: Consumer,
+        consumed: str,
     ) -> None:
         """Write a batch's changes and the log offset it brings the state to (None: the
         store's own, for a sweep) in one transaction; returns once Kafka committed it,
         else raises ChangelogFailed, and nothing of it is visible to a read_committed
-        reader. The caller writes the store only after."""
+        reader. The caller writes the store only after.
+
+        The offset is also committed for `member`'s group (on `consumed`, the log the
+        store reads) within the transaction, which the broker refuses from a member of
+        an older generation: a worker the group has dropped (a zombie, whose partitions
+        another worker now owns) can't commit a batch any more (Kafka's KIP-447).
+        """
         producer = self._begin()
         name, partition = changelog_topic(self.group, store.topic), store.partition
         try:
@@ -155,6 +175,11 @@ class Changelog:
             if offset is not None:
                 meta = _OFFSET.pack(offset) + pack_history(store.expiry_history())
                 producer.produce(name, meta, _META, partition)
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(consumed, partition, offset)],
+                    member.consumer_group_metadata(),
+                    COMMIT_TIMEOUT,
+                )
             producer.commit_transaction(COMMIT_TIMEOUT)
         except (KafkaException, BufferError) as exc:
             self._abort(exc)
@@ -196,26 +221,27 @@ def restore(bootstrap: str, group: str, store: PartitionStore) -> int | None:
         bootstrap, **{"isolation.level": "read_committed", "enable.partition.eof": True}
     )
     consumer.assign([TopicPartition(name, store.partition, OFFSET_BEGINNING)])
-    loaded, meta, pending = 0, None, []
+    loaded, meta, at_end = 0, None, False
     try:
-        while True:
-            message = consumer.poll(METADATA_TIMEOUT)
-            if message is None:
-                raise TransportError(f"restoring {name}|{store.partition}: Kafka is silent")
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
+        while not at_end:
+            pending = []
+            for message in consume_available(consumer, RESTORE_BATCH, METADATA_TIMEOUT) or [None]:
+                if message is None:
+                    raise TransportError(f"restoring {name}|{store.partition}: Kafka is silent")
+                if message.error():
+                    if message.error().code() != KafkaError._PARTITION_EOF:
+                        raise TransportError(
+                            f"restoring {name}|{store.partition}: {message.error()}"
+                        )
+                    at_end = True
                     break
-                raise TransportError(f"restoring {name}|{store.partition}: {message.error()}")
-            key = message.key()
-            if key == _META:
-                meta = message.value()
-                continue
-            pending.append((key[len(_RECORD) :], message.value()))
-            if len(pending) >= RESTORE_BATCH:
-                store.load(pending)
-                loaded, pending = loaded + len(pending), []
-        store.load(pending)
-        loaded += len(pending)
+                key = message.key()
+                if key == _META:
+                    meta = message.value()
+                else:
+                    pending.append((key[len(_RECORD) :], message.value()))
+            store.load(pending)
+            loaded += len(pending)
     finally:
         consumer.close()
     if meta is None:

@@ -167,6 +167,7 @@ class Worker:
         try:
             check_topics(self.bootstrap, self.config)
             ensure_dead_letter_topics(self.bootstrap, self.config)  # SOW and queues alike
+            ensure_changelog_topics(self.bootstrap, self.config, self.group_id)
         except BaseException:
             self._lock.release()
             raise
@@ -280,8 +281,6 @@ class Worker:
             if self.queues is not None:
                 self.queues.stop()
             return
-        if self._changelog is not None:
-            ensure_changelog_topics(self.bootstrap, self.config, self.group_id)
         consumer = self._group_consumer = self._consumer()
         if self.config.worker.standby:  # warm copies of the others' partitions
             self._standby = Standby(self)
@@ -442,7 +441,8 @@ class Worker:
         """With a changelog, a batch is committed to it before the store is written:
         ChangelogFailed otherwise, and the store is left as it was."""
         if self._changelog is not None and store.topic in self._changelogged:
-            self._changelog.send(store, changes, next_offset)
+            member, consumed = self._group_consumer, self._consumed(store.topic)
+            self._changelog.send(store, changes, next_offset, member, consumed)  # type: ignore[arg-type]
 
     def _expiry_schedule(self, store: PartitionStore, rules: SowRules) -> ExpirySchedule:
         """Seed 000: a stored deadline is never recalculated. A crash makes the worker

@@ -13,12 +13,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import OFFSET_END, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from amps_on_kafka.config import Config, load_config
+from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.log.kafka import admin_client, end_offsets, reader
-from amps_on_kafka.processor.changelog import changelog_topic, restore
+from amps_on_kafka.processor.changelog import (
+    Changelog,
+    ChangelogFailed,
+    changelog_topic,
+    ensure_changelog_topics,
+    restore,
+)
 from amps_on_kafka.processor.worker import Worker
+from amps_on_kafka.state.record import NEVER, pack_record
 from amps_on_kafka.state.store import PartitionStore
 from tests.scaling.test_workers import session_timeout
 from tests.sow.test_worker import reference_sow
@@ -208,3 +216,60 @@ def changelogged(bootstrap: str, group: str, config: dict, tmp_path: Path) -> bo
         finally:
             store.close()
     return True
+
+
+class Member:
+    """A group member as Changelog.send sees it, holding the metadata it was given."""
+
+    def __init__(self, metadata) -> None:
+        self.metadata = metadata
+
+    def consumer_group_metadata(self):
+        return self.metadata
+
+
+def joined(bootstrap: str, group: str, topic: str) -> Consumer:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    consumer.subscribe([topic])
+    until(lambda: consumer.poll(0.1) is None and bool(consumer.assignment()), "never assigned")
+    return consumer
+
+
+def test_a_member_the_group_dropped_commits_no_batch(bootstrap, sow_topic, tmp_path):
+    """Zombie fencing: a batch sent with the group metadata of a member that left (a
+    worker the group took for dead) is refused and invisible; the same batch from the
+    member of the current generation commits."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    config = Config.model_validate(config_of(sow_topic, bootstrap))
+    ensure_changelog_topics(bootstrap, config, group)
+    old = joined(bootstrap, group, sow_topic)
+    stale = Member(old.consumer_group_metadata())
+    old.close()
+    current = joined(bootstrap, group, sow_topic)
+    changelog = Changelog(bootstrap, group, None)
+    store = PartitionStore(tmp_path / "store", sow_topic, 0)
+    record = [(b"k", pack_record(3, 1, NEVER, b'{"id":"k"}'))]
+    try:
+        with pytest.raises(ChangelogFailed, match="UNKNOWN_MEMBER_ID"):
+            changelog.send(store, record, 4, stale, sow_topic)  # type: ignore[arg-type]
+        changelog.send(store, record, 4, current, sow_topic)
+    finally:
+        changelog.close()
+        current.close()
+        store.close()
+    restored = PartitionStore(tmp_path / "restored", sow_topic, 0)
+    try:
+        assert restore(bootstrap, group, restored) == 4
+        assert [r.sow_key for r in restored.scan()] == ["k"]
+    finally:
+        restored.close()
+
+
+def test_a_changelog_with_other_partitions_than_its_log_stops_the_start(
+    bootstrap, sow_topic, topic_factory
+):
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic_factory(partitions=1, name=changelog_topic(group, sow_topic))
+    config = Config.model_validate(config_of(sow_topic, bootstrap))
+    with pytest.raises(ConfigError, match="has 1 partitions, its log 2"):
+        ensure_changelog_topics(bootstrap, config, group)
