@@ -127,6 +127,10 @@ class BookmarkSubscription:
         self._closed = False
         self._completed = False
         self._fresh = True  # nothing read yet: it stands where it started
+        self._reader: int | None = None  # the thread iterating the stream, once one has
+        self._released = threading.Event()  # the reader has closed the feed and stopped
+        self._feed_lock = threading.Lock()
+        self._feed_closed = False
         base = LogMessage if isinstance(transport, KafkaTransport) else GatewayMessage
         self._base = base
         self._bookmarks = store.subscription(sub_id) if store is not None else None
@@ -145,8 +149,19 @@ class BookmarkSubscription:
         return dict(self.feed.starts) if self._fresh and self.feed.starts is not None else None
 
     def _deliver(self) -> Iterator[Any]:
-        """The stream: the gate is checked before each read, so a paused subscription
-        reads nothing more and keeps its exact place (ticking while it waits)."""
+        """The stream, which records its reader's thread and, closed from another thread,
+        closes the feed on its own (close())."""
+        self._reader = threading.get_ident()
+        try:
+            yield from self._read()
+        finally:
+            if self._closed:
+                self._close_feed()  # here, on the reader's thread: never under its own poll
+            self._released.set()
+
+    def _read(self) -> Iterator[Any]:
+        """The gate is checked before each read, so a paused subscription reads nothing
+        more and keeps its exact place (ticking while it waits)."""
         gate = self.gate
         log = self._bookmarks.log if self._bookmarks is not None else None
         base, bound, sub_id = self._base, self._bound, self.sub_id
@@ -174,18 +189,35 @@ class BookmarkSubscription:
                         if not log(item):  # type: ignore[misc]  # log is set when bound is
                             continue
                 yield item
-                if gate.paused:
+                if gate.paused or self._closed:
                     break
             else:
                 return
 
     def close(self) -> None:
+        """End the subscription. Closed from a thread other than its reader's (an
+        unsubscribe while a thread iterates), the reader closes the feed itself at its
+        next message or tick (a kafka:// consumer closed under a poll in progress hangs);
+        one that doesn't come back within CLOSE_WAIT is not polling, so it is closed here."""
         if self._closed:
             return
         self._closed = True
         self.gate.resume()  # a reader waiting on the gate wakes, sees closed, and ends
-        self.feed.close()
+        reader = self._reader
+        own = reader is None or reader == threading.get_ident()
+        if own or not self._released.wait(CLOSE_WAIT):
+            self._close_feed()
         self._owner.forget(self.sub_id)
+
+    def _close_feed(self) -> None:
+        with self._feed_lock:
+            if self._feed_closed:
+                return
+            self._feed_closed = True
+        self.feed.close()
+
+
+CLOSE_WAIT = 2.0  # seconds close() waits for another thread reading the stream to stop
 
 
 class BookmarkSubscriptions:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from amps_on_kafka import COMPLETED, NOW
 from amps_on_kafka.client.message import GatewayMessage
 from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.log.controls import TICK
+from tests.client_api.conftest import wait_for
 
 
 def test_next_returns_none_at_a_tick_past_its_deadline_and_goes_on_after():
@@ -71,3 +74,17 @@ def test_a_stream_bounded_by_until_ends_there(bootstrap, connect, topic_factory)
                 seen.append(message.data)
         assert stream.ended
     assert [data for data in seen if data is not None] == [{"n": 0}, {"n": 1}]
+
+
+def test_unsubscribe_from_another_thread_ends_a_stream_being_read(uri, connect, topic_factory):
+    """The reader closes its kafka:// replay itself (closing it under its poll would hang)."""
+    topic = topic_factory(1)
+    client = connect(uri)
+    stream = client.bookmark_subscribe(topic, NOW, sub_id="read-elsewhere")
+    seen: list[object] = []
+    reader = threading.Thread(target=lambda: seen.extend(stream), daemon=True)
+    reader.start()
+    wait_for(lambda: seen == [COMPLETED])
+    client.unsubscribe("read-elsewhere")
+    reader.join(30)
+    assert not reader.is_alive() and stream.ended
