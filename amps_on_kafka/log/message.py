@@ -202,6 +202,13 @@ class LogMessage(Message):
         self.computed_key: str | None = None  # the SOW key, once a worker computed it
         self.sub_id: str | None = None  # type: ignore[misc]  # set by a client's subscription
 
+    def ack(self, option: str | None = None) -> None:
+        """A log record has no lease. Delivered by a subscription, acking it does nothing,
+        as for a tcp:// subscription's message without a lease (so a subscriber may ack
+        everything it receives on either transport); read without one, MessageError."""
+        if self.sub_id is None:
+            super().ack(option)
+
     @property
     def headers(self) -> list[tuple[str, bytes]] | None:
         """EnvelopeError when they don't read, every time, without asking the Message
