@@ -27,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from amps_on_kafka.client import Client
+from amps_on_kafka.processor.collections import freeze_long_lived
 from bench.common import Result, bootstrap, documents, new_topic, report
 from bench.gateway import percentile, serve
 from bench.log import raw_consume
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     spawn = multiprocessing.get_context("spawn")  # never fork a process holding RocksDB
     with tempfile.TemporaryDirectory() as state, spawn.Manager() as manager:
         worker, gateway = serve(servers, topic, state)
+        freeze_long_lived()  # as the worker command does once it serves
         try:
             workers = max(2, args.subscribers + 2)
             with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:

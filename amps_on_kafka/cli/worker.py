@@ -16,6 +16,7 @@ from amps_on_kafka.cli.common import EXIT_INTERRUPTED, bootstrap_option, kafka, 
 from amps_on_kafka.cli.logs import announce, log_options, setup_logging
 from amps_on_kafka.cli.ready import remove_ready_file, write_ready_file
 from amps_on_kafka.config import check_listen, load_config
+from amps_on_kafka.processor.collections import freeze_long_lived
 from amps_on_kafka.processor.startup import check_serves_something
 from amps_on_kafka.processor.summary import GatewayCounts, Summary
 from amps_on_kafka.processor.worker import Worker
@@ -121,6 +122,7 @@ def _serve(
         admin = _start_admin(processor)  # /health and /ready answer during recovery too
         processor.wait_ready()
         gateway = _start_gateway(processor, servers, listen)
+        freeze_long_lived()
         if admin is not None:
             admin.sources.gateway = gateway
         scheme = "tcps" if processor.config.gateway.tls is not None else "tcp"

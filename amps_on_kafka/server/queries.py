@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from amps_on_kafka.expr import Filter
-from amps_on_kafka.processor.engine import QueryResult
+from amps_on_kafka.processor.engine import QueryResult, Records
 from amps_on_kafka.server.cluster import parts_of
 from amps_on_kafka.server.fanout import Boundary
 from amps_on_kafka.server.replies import ack, group, sow_batch
@@ -134,7 +134,9 @@ async def send_snapshot(
     if request.wants("processed"):
         session.send(ack(header, "processed"))
     session.send(group("group_begin", header, query.topic))
-    for chunk in batches(result.records, query.batch_size):
+    records = result.records
+    taken = records.take() if isinstance(records, Records) else records
+    for chunk in batches(taken, query.batch_size):
         session.send(*sow_batch(header, query.topic, chunk))
         await session.drain()
         await asyncio.sleep(0)  # drain returns at once while the buffer is low: let others run

@@ -9,7 +9,7 @@ import weakref
 import pytest
 
 from amps_on_kafka.processor import collections
-from amps_on_kafka.processor.collections import collections_paused
+from amps_on_kafka.processor.collections import collections_paused, freeze_long_lived
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +67,25 @@ def test_overlapping_pauses_still_collect_cyclic_garbage_now_and_then(monkeypatc
         assert alive() is None
         assert not gc.isenabled()  # the outer pause still holds
     assert gc.isenabled()
+
+
+class Node:
+    """An object that can be in a reference cycle and have a weak reference."""
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def test_freezing_collects_garbage_first_and_leaves_live_objects_out_of_full_passes():
+    cycle = Node()
+    cycle.other = cycle
+    garbage = weakref.ref(cycle)
+    live = Node()
+    del cycle
+    try:
+        freeze_long_lived()
+        assert garbage() is None  # never frozen: a frozen cycle would never be freed
+        assert live not in gc.get_objects(generation=2)  # left out of full passes
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

@@ -17,6 +17,7 @@ import pytest
 from amps_on_kafka.config import Config
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.processor.collections import RELEASE_SLICE, let_go
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.state.record import SowRecord
@@ -81,3 +82,25 @@ def test_records_read_from_a_query_are_the_stored_ones_in_order(engine) -> None:
     assert [r.sow_key for r in result.records[10:20]] == [
         str(d["id"]) for d in (priced + unpriced)[10:20]
     ]
+
+
+def test_taking_a_querys_records_lets_go_of_each_row_as_it_is_read(engine) -> None:
+    """The gateway sends a snapshot with take(): rows are freed batch by batch on the event
+    loop, not all at once after the last one."""
+    result = engine.query(TOPIC, compile_filter("/qty = 3"))
+    expected = list(result.records)
+    rows = result.records.rows  # type: ignore[attr-defined]
+    taken = result.records.take()  # type: ignore[attr-defined]
+    assert next(taken) == expected[0]
+    assert rows[0] is None and rows[1] is not None
+    assert [expected[0], *taken] == expected
+    assert set(rows) == {None}
+    assert len(result.records) == len(expected) == RECORDS // 10
+
+
+def test_let_go_empties_a_list_a_slice_at_a_time_and_keeps_what_is_held_elsewhere() -> None:
+    held = ("kept", 1)
+    items = [held, *((str(i), i) for i in range(2 * RELEASE_SLICE + 7))]
+    let_go(items)
+    assert items == []
+    assert held == ("kept", 1)
