@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from typing import Any, Protocol
 
 import fastavro
@@ -107,11 +108,16 @@ class AvroCodec:
         try:
             record = fastavro.schemaless_reader(buffer, self._parsed, None)
         except Exception as exc:  # truncated or garbage input raises many types
-            raise MessageError(f"payload is not valid Avro for the schema: {exc}") from exc
+            reason = _OBJECT_REPR.sub("", str(exc))  # fastavro names its buffer's address
+            raise MessageError(
+                f"payload ({len(raw)} bytes) is not valid Avro for the schema: {reason}"
+            ) from exc
         if buffer.tell() != len(raw):
             raise MessageError("payload is not valid Avro: trailing bytes after the record")
         return record
 
+
+_OBJECT_REPR = re.compile(r" from <[^>]* at 0x[0-9a-f]+>")
 
 JSON = JsonCodec()
 BINARY = BinaryCodec()

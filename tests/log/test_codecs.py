@@ -80,6 +80,12 @@ def test_avro_garbage_is_a_message_error_never_a_crash(raw):
         AvroCodec(ORDER_SCHEMA).decode(raw)
 
 
+def test_truncated_avro_is_named_without_python_internals():
+    with pytest.raises(MessageError, match=r"payload \(2 bytes\) is not valid Avro") as caught:
+        AvroCodec(ORDER_SCHEMA).decode(b"\x02\x00")  # a double short
+    assert " at 0x" not in str(caught.value)
+
+
 def test_unknown_message_type_is_named():
     with pytest.raises(MessageError, match="unknown message type 'xml'"):
         codec_for("xml")
