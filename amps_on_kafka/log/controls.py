@@ -265,6 +265,8 @@ class Conflator:
             elif item is not TICK:
                 yield item
             yield from self._release(held, self._clock())
+            if item is TICK:
+                yield item  # the reader wakes: a closed subscription's thread sees it
         yield from self._release(held, None)
 
     def _hold(self, held: OrderedDict[Any, list], message: LogMessage) -> None:

@@ -17,7 +17,14 @@ from amps_on_kafka import NOW
 from amps_on_kafka.cli.replay import replay
 from amps_on_kafka.client import MemoryBookmarkStore
 from amps_on_kafka.log.codecs import JSON
-from amps_on_kafka.log.controls import Conflator, OptionError, Rate, parse_options, parse_rate
+from amps_on_kafka.log.controls import (
+    TICK,
+    Conflator,
+    OptionError,
+    Rate,
+    parse_options,
+    parse_rate,
+)
 from amps_on_kafka.log.message import COMPLETED, LogMessage
 from tests.subscribers.conftest import until_completed
 
@@ -364,3 +371,14 @@ def test_a_conflator_holds_at_most_max_held_keys():
 
     early = Conflator(3600, max_held=2).conflated(three_keys_then_nothing())
     assert next(early).offset == 0  # released by the bound, an hour early
+
+
+def test_a_conflator_passes_ticks_on_while_it_holds_messages():
+    """A gateway's replay thread checks for a close only when an item reaches it: a
+    conflator that swallowed TICKs while holding a message (an hour's interval here) kept a
+    closed subscription's thread, and the gateway's stop, waiting for the next message."""
+    held = LogMessage("t", 0, 0, 0, b'{"n": 0}', [("k", b"a")], JSON)
+    out = Conflator(3600).conflated(iter([held, TICK, TICK]))
+    assert next(out) is TICK
+    assert next(out) is TICK
+    assert next(out) is held  # released at the end of its source
