@@ -234,7 +234,7 @@ class HAClient(ClientBase):
 
     def _setting(self, name: str, apply: Callable[[Client], None]) -> None:
         """Apply a setting now and to every connection made after this one (kept only once
-        it applied, so a refused one, NeedsGateway on kafka://, can't break reconnects)."""
+        it applied, so a refused one, WrongTransport on kafka://, can't break reconnects)."""
         self._with_client(apply)
         self._settings[name] = apply
 
