@@ -29,9 +29,14 @@ import time
 import uuid
 from pathlib import Path
 
+from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
 from amps_on_kafka.client import Client
 from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.log.kafka import admin_client, consume_available, reader
 from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.processor.changelog import changelog_topic
 from bench.common import bootstrap, new_topic
 from tests.scaling.workers import WorkerProcess, write_config
 
@@ -105,14 +110,69 @@ def restore_rates(servers: str, records: int, base: Path) -> None:
             f"Changelog {changelog}: {took:.1f}s, {records / took:,.0f} log records/s",
             flush=True,
         )
-    time.sleep(timeout * 2)  # the stopped static member leaves the group by its timeout
-    restorer = WorkerProcess("r0", config, servers, group[0].group, base / "restore")
-    took = launch_to_served(restorer, topic)
-    print(
-        f"restored from the changelog on an empty state directory: {took:.1f}s, "
-        f"{records / took:,.0f} log records/s ({records // VERSIONS / took:,.0f} SOW records/s)",
-        flush=True,
-    )
+    name = group[0].group
+    for compacted in (False, True):
+        if compacted:
+            held = compact(servers, changelog_topic(name, topic), records // VERSIONS)
+            print(f"changelog compacted to {held:,} records", flush=True)
+        time.sleep(timeout * 2)  # the stopped static member leaves the group by its timeout
+        restorer = WorkerProcess(f"r{compacted:d}", config, servers, name, base / "restore")
+        took = launch_to_served(restorer, topic)
+        print(
+            f"restored from the changelog ({'compacted' if compacted else 'as written'}) on an "
+            f"empty state directory: {took:.1f}s, {records / took:,.0f} log records/s "
+            f"({records // VERSIONS / took:,.0f} SOW records/s)",
+            flush=True,
+        )
+
+
+def compact(servers: str, changelog: str, keys: int) -> int:
+    """Have Kafka compact the changelog now (by default it compacts only segments closed
+    after segment.ms, 7 days, or 1 GiB): short segments, a tombstone-free marker write
+    to close them, then wait for the cleaner (log.cleaner.backoff.ms, 15 s). Returns the
+    records it then holds."""
+    admin = admin_client(servers)
+    entries = [
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in {"segment.ms": "500", "min.cleanable.dirty.ratio": "0.01"}.items()
+    ]
+    resource = ConfigResource(ResourceType.TOPIC, changelog, incremental_configs=entries)
+    admin.incremental_alter_configs([resource])[resource].result(30)
+    deadline = time.monotonic() + WAIT
+    while (held := changelog_records(servers, changelog)) > keys * 1.1:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{changelog} not compacted within {WAIT}s")
+        roll(servers, changelog)
+        time.sleep(5)
+    return held
+
+
+def roll(servers: str, changelog: str) -> None:
+    """An aborted transaction on each partition: it appends (closing a segment older than
+    segment.ms) and restores nothing."""
+    producer = Producer({"bootstrap.servers": servers, "transactional.id": uuid.uuid4().hex})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for partition in range(PARTITIONS):
+        producer.produce(changelog, b"", b"roll", partition)
+    producer.flush(30)
+    producer.abort_transaction(30)
+
+
+def changelog_records(servers: str, changelog: str) -> int:
+    consumer = reader(servers, **{"enable.partition.eof": True})
+    consumer.assign([TopicPartition(changelog, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    count, ends = 0, 0
+    try:
+        while ends < PARTITIONS:
+            for message in consume_available(consumer, 10_000, 10):
+                if message.error():
+                    ends += 1
+                else:
+                    count += 1
+    finally:
+        consumer.close()
+    return count
 
 
 def launch_to_served(worker: WorkerProcess, topic: str) -> float:

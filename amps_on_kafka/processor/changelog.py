@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import struct
 import uuid
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from confluent_kafka import (
@@ -46,7 +47,6 @@ from amps_on_kafka.log.kafka import (
     reader,
 )
 from amps_on_kafka.state.store import (
-    History,
     PartitionStore,
     StateBatch,
     pack_history,
@@ -212,42 +212,47 @@ class Changelog:
             log.warning("aborting a changelog transaction failed: %s", abort_error)
 
 
-def restore(bootstrap: str, group: str, store: PartitionStore) -> int | None:
-    """Load a partition's changelog (what is committed, to its end) into an empty store;
-    the log offset it reflects, now the store's, or None when the changelog holds no
-    position yet (the partition is then built from the log, as without a changelog)."""
-    name = changelog_topic(group, store.topic)
+def restore(bootstrap: str, group: str, stores: list[PartitionStore]) -> dict[int, int | None]:
+    """Load partitions' changelogs (what is committed, to their end) into their empty
+    stores, with one reader; by store (its index in `stores`), the log offset it now
+    reflects, or None when its changelog holds no position yet (the partition is then
+    built from the log, as without a changelog)."""
+    where = {(changelog_topic(group, s.topic), s.partition): i for i, s in enumerate(stores)}
     consumer = reader(
         bootstrap, **{"isolation.level": "read_committed", "enable.partition.eof": True}
     )
-    consumer.assign([TopicPartition(name, store.partition, OFFSET_BEGINNING)])
-    loaded, meta, at_end = 0, None, False
+    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in where])
+    metas: dict[int, bytes] = {}
+    loaded = [0] * len(stores)
     try:
-        while not at_end:
-            pending = []
+        while len(where) > 0:
+            pending: dict[int, list[Entry]] = defaultdict(list)
             for message in consume_available(consumer, RESTORE_BATCH, METADATA_TIMEOUT) or [None]:
                 if message is None:
-                    raise TransportError(f"restoring {name}|{store.partition}: Kafka is silent")
+                    raise TransportError(f"restoring from {sorted(where)}: Kafka is silent")
+                index = where.get((message.topic(), message.partition()))
                 if message.error():
                     if message.error().code() != KafkaError._PARTITION_EOF:
-                        raise TransportError(
-                            f"restoring {name}|{store.partition}: {message.error()}"
-                        )
-                    at_end = True
-                    break
-                key = message.key()
-                if key == _META:
-                    meta = message.value()
-                else:
-                    pending.append((key[len(_RECORD) :], message.value()))
-            store.load(pending)
-            loaded += len(pending)
+                        raise TransportError(f"restoring {message.topic()}: {message.error()}")
+                    where.pop((message.topic(), message.partition()), None)
+                elif index is not None and message.key() == _META:
+                    metas[index] = message.value()
+                elif index is not None:
+                    pending[index].append((message.key()[len(_RECORD) :], message.value()))
+            for index, entries in pending.items():
+                stores[index].load(entries)
+                loaded[index] += len(entries)
     finally:
         consumer.close()
+    return {i: _position(store, metas.get(i), loaded[i]) for i, store in enumerate(stores)}
+
+
+def _position(store: PartitionStore, meta: bytes | None, loaded: int) -> int | None:
+    """Put the restored offset and expiration history in the store (and it on disk)."""
     if meta is None:
         return None
-    offset, history = _OFFSET.unpack_from(meta)[0], _history(meta)
-    store.load_position(offset, history)
+    offset = _OFFSET.unpack_from(meta)[0]
+    store.load_position(offset, unpack_history(meta[_OFFSET.size :]))
     log.info(
         "restored %s|%s from its changelog: %d records, at offset %d",
         store.topic,
@@ -256,7 +261,3 @@ def restore(bootstrap: str, group: str, store: PartitionStore) -> int | None:
         offset,
     )
     return offset
-
-
-def _history(meta: bytes) -> History:
-    return unpack_history(meta[_OFFSET.size :])

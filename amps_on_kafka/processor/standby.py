@@ -24,7 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from amps_on_kafka.log.kafka import consume_available, partitions_of, reader
 from amps_on_kafka.processor.staging import log_messages, stage, stage_expiry
-from amps_on_kafka.state.store import PartitionStore, store_path
+from amps_on_kafka.state.store import PartitionStore
 
 if TYPE_CHECKING:
     from amps_on_kafka.processor.worker import Worker
@@ -104,14 +104,8 @@ class Standby:
         consumed = worker._consumed(topic)
         if rules.placement is None:  # no partition of it assigned here yet: keys are
             worker._place(self.consumer, consumed)  # checked as the owner checks them
-        store = PartitionStore(
-            store_path(worker.state_dir, consumed, partition),
-            topic,
-            partition,
-            rules.codec,
-            worker.config.state.write_buffer_bytes,
-        )
-        worker.restore(store)  # from its changelog, if it has one
+        store = worker.store_of(topic, partition)
+        worker.restore([store])  # from its changelog, if it has one
         rules.schedules[partition] = worker._expiry_schedule(store, rules)
         self.stores[(topic, partition)] = store
         stored = store.next_offset()

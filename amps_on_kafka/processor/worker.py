@@ -350,10 +350,12 @@ class Worker:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for topic in {tp.topic for tp in partitions}:
             self._place(consumer, topic)
+        if self._standby is not None:  # their warm copies become the active stores
+            for tp in partitions:
+                self._standby.release(self._logical[tp.topic], tp.partition)
+        self._restore_new(partitions)
         resumed = []
         for tp in partitions:
-            if self._standby is not None:  # its warm copy becomes the active store
-                self._standby.release(self._logical[tp.topic], tp.partition)
             store = self._open(self._logical[tp.topic], tp.partition, self._end_of(consumer, tp))
             stored = store.next_offset()
             tp.offset = stored if stored is not None else OFFSET_BEGINNING
@@ -414,26 +416,45 @@ class Worker:
         repartition topic): where their offsets point."""
         return consumed_topic(self.config.sow_for(topic))  # type: ignore[arg-type]
 
-    def _open(self, topic: str, partition: int, restore_to: int = 0) -> PartitionStore:
-        rules = self.rules[topic]
-        store = PartitionStore(
+    def store_of(self, topic: str, partition: int) -> PartitionStore:
+        """Open the store of a partition of a SOW topic (the worker's or a standby copy)."""
+        return PartitionStore(
             store_path(self.state_dir, self._consumed(topic), partition),
             topic,
             partition,
-            rules.codec,
+            self.rules[topic].codec,
             self.config.state.write_buffer_bytes,
         )
-        self.restore(store)
+
+    def _open(self, topic: str, partition: int, restore_to: int = 0) -> PartitionStore:
+        rules = self.rules[topic]
+        store = self.store_of(topic, partition)
         rules.schedules[partition] = self._expiry_schedule(store, rules)
         self._expire_store(store, rules)  # seed 000: expirations due at startup go first
         self.engine.attach(store, restore_to)
         return store
 
-    def restore(self, store: PartitionStore) -> None:
-        """A store with no position, of a topic with a changelog, is loaded from it (the
-        worker's and the standby copies' alike): the log is then read from where it was."""
-        if store.topic in self._changelogged and store.next_offset() is None:
-            restore(self.bootstrap, self.group_id, store)
+    def restore(self, stores: list[PartitionStore]) -> None:
+        """Those of the stores with no position, of topics with a changelog, are loaded
+        from it (the worker's and the standby copies' alike), in one read: the log is
+        then read from where the changelog was."""
+        empty = [s for s in stores if s.topic in self._changelogged and s.next_offset() is None]
+        if empty:
+            restore(self.bootstrap, self.group_id, empty)
+
+    def _restore_new(self, partitions: list[TopicPartition]) -> None:
+        """Restore the newly assigned partitions that have a changelog, all at once
+        before they are opened (a read of Kafka takes about 0.5 s to start)."""
+        stores = [
+            self.store_of(self._logical[tp.topic], tp.partition)
+            for tp in partitions
+            if self._logical[tp.topic] in self._changelogged
+        ]
+        try:
+            self.restore(stores)
+        finally:
+            for store in stores:
+                store.close()
 
     def _log_changes(
         self, store: PartitionStore, changes: Iterable[Entry], next_offset: int | None

@@ -211,7 +211,7 @@ def changelogged(bootstrap: str, group: str, config: dict, tmp_path: Path) -> bo
     for partition, end in ends.items():
         store = PartitionStore(scratch / str(partition), topic, partition)
         try:
-            if restore(bootstrap, group, store) != end:
+            if restore(bootstrap, group, [store])[0] != end:
                 return False
         finally:
             store.close()
@@ -259,7 +259,7 @@ def test_a_member_the_group_dropped_commits_no_batch(bootstrap, sow_topic, tmp_p
         store.close()
     restored = PartitionStore(tmp_path / "restored", sow_topic, 0)
     try:
-        assert restore(bootstrap, group, restored) == 4
+        assert restore(bootstrap, group, [restored]) == {0: 4}
         assert [r.sow_key for r in restored.scan()] == ["k"]
     finally:
         restored.close()
