@@ -207,6 +207,8 @@ class Session:
         queue = queues is not None and queues.serves(topic)
         if command in WRITES and not (command == "sow_delete" and queue):
             entitlements.check_write(command, topic)
+            if command == "sow_delete":
+                await self._narrow_delete(header, topic)
             return
         # reads, and acks (sow_delete) on a queue, which are its consumers' right
         access = await self._read_access(command, topic, queue)
@@ -243,6 +245,22 @@ class Session:
                 "filters for this user; subscribe to each by name"
             )
         return next(iter(accesses.values()))
+
+    async def _narrow_delete(self, header: dict[str, Any], topic: str) -> None:
+        """A user who sees only part of a topic deletes only within that part: its
+        entitlement filter is ANDed into a delete by filter, and a delete by keys or by
+        data is refused (the gateway cannot see those records before the worker deletes
+        them, and the count in the ack would tell what the user may not read)."""
+        entitlements: UserEntitlements = self.entitlements  # type: ignore[assignment]
+        access = entitlements.read(topic)
+        if access is None or access.text is None:
+            return
+        if text(header, "f") is None:
+            raise Denied(
+                f"not entitled: user {entitlements.user!r} may sow_delete from {topic!r} "
+                "by filter only (an entitlement filter limits what this user sees of it)"
+            )
+        await self._restrict(header, access.text)
 
     async def _restrict(self, header: dict[str, Any], entitlement: str) -> None:
         own = text(header, "f")

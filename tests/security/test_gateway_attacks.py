@@ -301,3 +301,26 @@ def _until_in_sow(client: Client, topic: str, ids: list[str], timeout: float = 3
             return
         time.sleep(0.1)
     raise AssertionError(f"{ids} not in the SOW of {topic} after {timeout}s")
+
+
+def test_a_sow_delete_reaches_only_the_records_the_user_may_see(secured: Secured) -> None:
+    """alice sees the fx desk of orders and may write it: a delete by filter `1=1`-style
+    took the rates desk's records too, and its count told her they existed."""
+    marker = uuid.uuid4().hex[:6]
+    ids = {desk: f"d-{marker}-{desk}" for desk in ("fx", "rates")}
+    with Client("carol-delete") as carol:
+        carol.connect(secured.uri(cert="carol"))
+        carol.logon(timeout=10)
+        for desk, record_id in ids.items():
+            carol.publish(secured.orders, {"id": record_id, "desk": desk})
+        carol.publish_flush(10)
+        _until_in_sow(carol, secured.orders, list(ids.values()))
+        with Client("alice-delete") as alice:
+            alice.connect(secured.uri("alice"))
+            alice.logon(timeout=10)
+            with pytest.raises(ServerError, match="by filter only"):
+                alice.sow_delete(secured.orders, keys=["anything"])
+            ack = alice.sow_delete(secured.orders, f"/id LIKE '{marker}'")
+            assert ack.matches == 1
+        left = {m.data["id"] for m in carol.sow(secured.orders, f"/id LIKE '{marker}'")}
+        assert left == {ids["rates"]}
