@@ -353,7 +353,7 @@ class Worker:
         if self._standby is not None:  # their warm copies become the active stores
             for tp in partitions:
                 self._standby.release(self._logical[tp.topic], tp.partition)
-        self._restore_new(partitions)
+        self._restore_new(consumer, partitions)
         resumed = []
         for tp in partitions:
             store = self._open(self._logical[tp.topic], tp.partition, self._end_of(consumer, tp))
@@ -416,6 +416,33 @@ class Worker:
         repartition topic): where their offsets point."""
         return consumed_topic(self.config.sow_for(topic))  # type: ignore[arg-type]
 
+    def _usable_store(self, consumer: Consumer, tp: TopicPartition) -> PartitionStore:
+        """A partition's store, emptied when the log no longer holds the records after
+        its offset (retention deleted them while the worker was away): it is then
+        restored from the changelog, which is ahead of it, instead of skipping them."""
+        topic = self._logical[tp.topic]
+        store = self.store_of(topic, tp.partition)
+        stored = store.next_offset()
+        if stored is None:
+            return store
+        try:
+            start, _ = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT, cached=False)
+        except KafkaException:
+            return store  # can't tell: resume from the store, as without a changelog
+        if stored >= start:
+            return store
+        log.warning(
+            "%s|%s: its store is at offset %d but the log now starts at %d: restoring it "
+            "from its changelog instead",
+            topic,
+            tp.partition,
+            stored,
+            start,
+        )
+        store.close()
+        PartitionStore.destroy(store.path)
+        return self.store_of(topic, tp.partition)
+
     def store_of(self, topic: str, partition: int) -> PartitionStore:
         """Open the store of a partition of a SOW topic (the worker's or a standby copy)."""
         return PartitionStore(
@@ -442,11 +469,11 @@ class Worker:
         if empty:
             restore(self.bootstrap, self.group_id, empty)
 
-    def _restore_new(self, partitions: list[TopicPartition]) -> None:
+    def _restore_new(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Restore the newly assigned partitions that have a changelog, all at once
         before they are opened (a read of Kafka takes about 0.5 s to start)."""
         stores = [
-            self.store_of(self._logical[tp.topic], tp.partition)
+            self._usable_store(consumer, tp)
             for tp in partitions
             if self._logical[tp.topic] in self._changelogged
         ]
