@@ -95,7 +95,8 @@ def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> None:
         if existing != count:
             raise ConfigError(
                 f"SOW {sow.topic}: its changelog {name} has {existing} partitions, its log "
-                f"{count}; delete the changelog (the workers rebuild it from their stores)"
+                f"{count}; delete it and the state directories' stores of the topic (a new "
+                "changelog is complete only when written from the start of the SOW)"
             )
 
 
