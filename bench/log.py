@@ -12,7 +12,7 @@ import orjson
 from confluent_kafka import TopicPartition
 
 from amps_on_kafka.client import Client
-from amps_on_kafka.log.kafka import log_producer, reader
+from amps_on_kafka.log.kafka import consume_available, log_producer, reader
 from amps_on_kafka.log.message import COMPLETED
 from bench.common import Result, bootstrap, documents, encoded_size, new_topic, report, timed
 
@@ -66,14 +66,16 @@ def raw_consume(
     servers: str, topic: str, partitions: int, count: int, *, defaults: bool = False
 ) -> Result:
     """Plain batch consume, timed from the first record to the last one decoded, so neither
-    connection set-up nor the wait of a last partial batch counts. It reads with the
-    project's reader settings, or with `defaults`, librdkafka's own fetch settings (whose
-    1 s fetch pause throttles a fast reader: see docs/architecture.md)."""
+    connection set-up nor the wait of a last partial batch counts (consume_available, as
+    a replay reads: a batch consume's timeout would be waited out when the topic holds
+    exactly `count` records). It reads with the project's reader settings, or with
+    `defaults`, librdkafka's own fetch settings (whose 1 s fetch pause throttles a fast
+    reader: see docs/architecture.md)."""
     consumer = reader(servers, **DEFAULT_FETCH) if defaults else reader(servers)
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     seen, started, finished = 0, None, None
     while seen < count:
-        records = consumer.consume(10_000, timeout=1.0)
+        records = consume_available(consumer, 10_000, 1.0)
         if records and started is None:
             started = time.perf_counter()
         for record in records:

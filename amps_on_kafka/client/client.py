@@ -99,7 +99,8 @@ class Client(ClientBase):
 
     # -- publishing ----------------------------------------------------------------
     def publish(self, topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
-        return self.transport.publish(topic, data, expiration, Command.PUBLISH, **kw)
+        transport = self._transport or self.transport  # the property: an error unconnected
+        return transport.publish(topic, data, expiration, Command.PUBLISH, **kw)
 
     def delta_publish(
         self, topic: str, data: Any, expiration: float | None = None, **kw: Any

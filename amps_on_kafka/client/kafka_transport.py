@@ -64,7 +64,10 @@ class KafkaTransport:
     def publish(
         self, topic: str, data: Any, expiration: float | None, command: Command, **kw: Any
     ) -> int:
-        return self.publisher.publish(topic, data, expiration=expiration, command=command, **kw)
+        publisher = self._publisher or self.publisher
+        if kw:
+            return publisher.publish(topic, data, expiration, command, **kw)
+        return publisher.publish(topic, data, expiration, command)  # no keyword dict to build
 
     def sow_delete(self, topic: str, **kw: Any) -> list[int]:
         return self.publisher.sow_delete(topic, **kw)

@@ -118,15 +118,20 @@ class Replay:
             return
         idle_since = time.monotonic()
         predicate, codecs, stops, ends = self.predicate, self._codecs, self.stops, self.ends
+        pending = self._pending  # the same set _catch_up_gaps empties
+        consumer, batch_size = self._consumer, self.batch_size
         while True:
-            records = consume_available(self._consumer, self.batch_size, 0.2)
+            records = consume_available(consumer, batch_size, 0.2)
             if not records:
                 if self._idle_over(idle_since):
                     return
-                if self._pending and self._catch_up_gaps():
+                if pending and self._catch_up_gaps():
                     yield COMPLETED
                     idle_since = time.monotonic()
                 continue
+            # The per-record hot path (docs/performance.md): no method call or clock read
+            # that a record doesn't need; idle_since moves once per batch that yielded.
+            yielded = False
             for record in records:
                 if record.error():
                     _raise_consumer_error(record.error())
@@ -144,12 +149,14 @@ class Replay:
                 )
                 if predicate is None or _matches(predicate, message):
                     yield message
-                    idle_since = time.monotonic()
-                if self._pending and offset + 1 >= ends[(topic, partition)]:
-                    self._pending.discard((topic, partition))
-                    if not self._pending:
+                    yielded = True
+                if pending and offset + 1 >= ends[(topic, partition)]:
+                    pending.discard((topic, partition))
+                    if not pending:
                         yield COMPLETED
-                        idle_since = time.monotonic()
+                        yielded = True
+            if yielded:
+                idle_since = time.monotonic()
             if self._stop_finished_partitions():
                 self.finished = True
                 return
