@@ -118,6 +118,8 @@ def _serve(
     gateway = admin = None
     remove_ready_file(ready_file)  # a stale one must not say "ready" before this worker is
     try:
+        if processor.queues is not None:  # workers sharing a queue config elect one owner
+            processor.queues.share(processor.config.worker.session_timeout)
         processor.start()
         admin = _start_admin(processor)  # /health and /ready answer during recovery too
         processor.wait_ready()

@@ -105,6 +105,7 @@ class QueueRuntime:
             target=self._run, name=f"amps-queue-{self.name}", daemon=True
         )
         self._store_lock = threading.Lock()
+        self._halted = threading.Event()  # this runtime stops; the engine may go on
         self._produced = 0  # events records produced (a sequence number)
         self._durable = 0  # the last one Kafka acknowledged
         self._durable_next = 0  # the events offset after it
@@ -124,6 +125,11 @@ class QueueRuntime:
 
     def start(self) -> None:
         self._thread.start()
+
+    def halt(self, timeout: float = 30.0) -> None:
+        """Stop this queue's thread alone (its ownership moved to another worker)."""
+        self._halted.set()
+        self.join(timeout)
 
     def join(self, timeout: float) -> None:
         if self._thread.is_alive():
@@ -267,6 +273,8 @@ class QueueRuntime:
         try:
             self._recover()
             self._loop(self._caught_up(watermarks(self._consumer, self.state.positions)))
+            if self._halted.is_set():
+                return
             self.ready.set()
             self._loop(lambda: False)
         except AmpsError as exc:  # a reason for the operator, which a traceback would bury
@@ -302,7 +310,7 @@ class QueueRuntime:
 
     def _loop(self, done: Callable[[], bool]) -> None:
         engine, state, consumer = self.engine, self.state, self._consumer
-        while not engine._stop.is_set() and not done():
+        while not (engine._stop.is_set() or self._halted.is_set() or done()):
             with collections_paused():  # see processor/collections.py
                 records = consume_available(consumer, BATCH_SIZE, self._wait())
                 read = self._entries(records) if records else ()

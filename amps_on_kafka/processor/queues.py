@@ -40,6 +40,7 @@ from typing import Any
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import (
     InvalidBookmark,
+    PartitionsMoving,
     TransportError,
     UnknownTopic,
 )
@@ -50,6 +51,7 @@ from amps_on_kafka.log.kafka import (
     log_producer,
 )
 from amps_on_kafka.log.registry import TopicRegistry
+from amps_on_kafka.processor.queue_owner import QueueOwnership
 from amps_on_kafka.processor.queue_runtime import (
     Done,
     QueueRuntime,
@@ -122,20 +124,71 @@ class QueueEngine:
         self.lock = threading.RLock()
         self.settled = threading.Condition(self.lock)  # notified at the end of every settle
         self.producer = log_producer(bootstrap)
+        self.names = [q.name for q in config.queues]
+        # the queues run here: every one, or those this worker owns (`share`)
         self.runtimes = {q.name: QueueRuntime(self, q) for q in config.queues}
+        self.ownership: QueueOwnership | None = None
+        self._listeners: list[Callable[[str], None]] = []
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="amps-queue-reports", daemon=True)
 
     # -- lifecycle -----------------------------------------------------------------
+    def share(self, session_timeout: float) -> None:
+        """Before start: run only the queues this worker is elected to own among the
+        workers sharing the config (processor/queue_owner.py), not every queue."""
+        self.runtimes = {}
+        self.ownership = QueueOwnership(
+            self.bootstrap, self.names, session_timeout, self._acquire, self._release
+        )
+
+    def on_ownership(self, listener: Callable[[str], None]) -> None:
+        """`listener(name)` (election thread) after this worker gains or loses a queue."""
+        self._listeners.append(listener)
+
+    def owned(self) -> list[str]:
+        return list(self.runtimes)
+
     def start(self) -> None:
         self._poller.start()
         for runtime in self.runtimes.values():
             runtime.start()
+        if self.ownership is not None:
+            self.ownership.start()
+
+    def _acquire(self, name: str) -> None:
+        """Elected: a fresh runtime rebuilds the queue from the store and the logs."""
+        runtime = QueueRuntime(self, self.config.queue(name))  # type: ignore[arg-type]
+        with self.lock:
+            self.runtimes[name] = runtime
+        runtime.start()
+        self._tell(name)
+
+    def _release(self, name: str) -> None:
+        """Ownership moves away: stop the runtime, store what it knows, end its
+        subscriptions (their clients get retry: and subscribe again, at the new owner)."""
+        with self.lock:
+            runtime = self.runtimes.pop(name, None)
+        if runtime is None:
+            return
+        self._tell(name)
+        runtime.halt()
+        with self.lock:
+            runtime.checkpoint()
+        self.producer.flush(30.0)
+        runtime.commit_ready()
+        runtime.close()
+
+    def _tell(self, name: str) -> None:
+        for listener in self._listeners:
+            try:
+                listener(name)
+            except Exception:  # a listener's bug must not stop the election
+                log.exception("queue %s: an ownership listener failed", name)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every queue has recovered and reads its topics."""
         deadline = time.monotonic() + timeout
-        for runtime in self.runtimes.values():
+        for runtime in list(self.runtimes.values()):
             while not runtime.ready.wait(0.05):
                 if runtime.failure is not None:
                     raise TransportError(f"queue {runtime.name}: {runtime.failure}")
@@ -145,6 +198,8 @@ class QueueEngine:
     def stop(self, timeout: float = 30.0) -> None:
         if not self._poller.is_alive():
             return
+        if self.ownership is not None:
+            self.ownership.stop(timeout)  # releases the queues owned here
         self._stop.set()
         for runtime in self.runtimes.values():
             runtime.join(timeout)
@@ -169,7 +224,7 @@ class QueueEngine:
 
     # -- topics --------------------------------------------------------------------
     def is_queue(self, topic: str) -> bool:
-        return topic in self.runtimes
+        return topic in self.names
 
     def publish_target(self, topic: str) -> str:
         """Seed 001: a publish to a queue's name is written to its DefaultPublishTarget."""
@@ -182,28 +237,34 @@ class QueueEngine:
         except UnknownTopic:
             return False
 
-    def _named(self, pattern: str) -> list[QueueRuntime]:
-        if pattern in self.runtimes:
-            return [self.runtimes[pattern]]
+    def _named(self, pattern: str) -> list[str]:
+        if pattern in self.names:
+            return [pattern]
         try:
             regex = re.compile(pattern)
         except re.error as exc:
             raise UnknownTopic(f"{pattern!r} is not a queue name or a regular expression") from exc
-        found = [r for name, r in self.runtimes.items() if regex.fullmatch(name)]
+        found = [name for name in self.names if regex.fullmatch(name)]
         if not found:
             raise UnknownTopic(f"no queue matches {pattern!r}")
         return found
 
     def queue_names(self, pattern: str) -> list[str]:
         """The queues `pattern` names: itself, or those it matches as a regex."""
-        return [runtime.name for runtime in self._named(pattern)]
+        return self._named(pattern)
+
+    def owns(self, pattern: str) -> bool:
+        """Whether every queue `pattern` names runs here (always, unless `share`d)."""
+        return all(name in self.runtimes for name in self._named(pattern))
 
     def _matching(self, pattern: str) -> list[QueueRuntime]:
-        return [_serving(runtime) for runtime in self._named(pattern)]
+        return [self._runtime(name) for name in self._named(pattern)]
 
     def _runtime(self, queue: str) -> QueueRuntime:
         runtime = self.runtimes.get(queue)
         if runtime is None:
+            if queue in self.names:
+                raise PartitionsMoving(f"retry: queue moving ({queue} is not served here now)")
             raise UnknownTopic(f"{queue!r} is not a queue of this worker")
         return _serving(runtime)
 
@@ -237,7 +298,9 @@ class QueueEngine:
         """The subscription's leases are broken: its messages go back to the queue."""
         with self.lock:
             for name in handle.queues:
-                self.runtimes[name].state.unsubscribe(handle.subscription)
+                runtime = self.runtimes.get(name)  # None: the queue moved to another worker
+                if runtime is not None:
+                    runtime.state.unsubscribe(handle.subscription)
             self.settle()
 
     def disconnect(self, session: Hashable) -> None:
@@ -319,7 +382,7 @@ def _serving(runtime: QueueRuntime) -> QueueRuntime:
     """A queue serves commands once recovered: before, an acked message could still be
     waiting for its ack to be replayed."""
     if not runtime.ready.is_set():
-        raise TransportError(f"queue {runtime.name} is recovering; try again when it is ready")
+        raise PartitionsMoving(f"retry: queue moving (queue {runtime.name} is recovering)")
     return runtime
 
 

@@ -128,6 +128,12 @@ class Cluster:
         from amps_on_kafka.server.membership import Membership
 
         membership = Membership(gateway.engine, gateway.bootstrap, group, instance_id)
+        if gateway.queues is not None:  # the queues this worker owns are announced too
+            from amps_on_kafka.server.queue_links import QueueLinks
+
+            membership.queues = gateway.queues.engine.owned
+            gateway.queues.engine.on_ownership(membership.changed)
+            gateway.queues.links = QueueLinks(gateway)
         membership.start(reachable(gateway.address))  # type: ignore[arg-type]
         return cls(gateway, membership)
 

@@ -273,6 +273,8 @@ class Gateway:
         if session.client_name is not None and self._names.get(session.client_name) is session:
             del self._names[session.client_name]
         self.deletes.forget(session)
+        if self.queues is not None:
+            self.queues.forget(session)  # its links to queue owners close
 
 
 def _user(session: Session) -> str | None:

@@ -54,6 +54,7 @@ class Member:
     address: str
     parts: dict[str, frozenset[int]]
     offset: int  # where it stands in WORKERS_TOPIC: a later claim of a partition wins
+    queues: frozenset[str] = frozenset()  # the queues it owns (processor/queue_owner.py)
 
 
 class Directory:
@@ -95,6 +96,12 @@ class Directory:
                 owners[partition] = member
         return owners
 
+    def queue_owner(self, queue: str) -> Member | None:
+        """The latest worker to claim `queue`, if any."""
+        with self._lock:
+            claims = [m for m in self._members.values() if queue in m.queues]
+        return max(claims, key=lambda m: m.offset, default=None)
+
 
 def _member(worker: str, value: bytes | None, offset: int) -> Member | None:
     if value is None:
@@ -102,7 +109,8 @@ def _member(worker: str, value: bytes | None, offset: int) -> Member | None:
     try:
         entry = orjson.loads(value)
         parts = {t: frozenset(int(p) for p in ps) for t, ps in entry["parts"].items()}
-        return Member(worker, str(entry["address"]), parts, offset)
+        queues = frozenset(str(q) for q in entry.get("queues", ()))
+        return Member(worker, str(entry["address"]), parts, offset, queues)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         log.warning("ignoring an unreadable announcement of worker %s", worker)
         return None
@@ -129,6 +137,11 @@ class Membership:
         self._thread: threading.Thread | None = None
         self._producer = None
         self._counts: dict[str, tuple[float, int]] = {}
+        self.queues: Callable[[], list[str]] = list  # the queues owned here, announced too
+
+    def changed(self, *_: object) -> None:
+        """Any thread: announce again (what this worker serves has changed)."""
+        self._changed.set()
 
     @property
     def key(self) -> bytes:
@@ -195,7 +208,10 @@ class Membership:
         """Write what this worker serves now; if Kafka doesn't take it within
         METADATA_TIMEOUT (an outage), the next turn writes it again."""
         parts = {sow.topic: self.engine.serving(sow.topic) for sow in self.engine.config.sow}
-        value = orjson.dumps({"address": self.address, "parts": parts, "at": time.time()})
+        queues = self.queues()
+        value = orjson.dumps(
+            {"address": self.address, "parts": parts, "queues": queues, "at": time.time()}
+        )
         producer = self._producer
         try:
             producer.produce(WORKERS_TOPIC, key=self.key, value=value)  # type: ignore[union-attr]
@@ -207,7 +223,7 @@ class Membership:
             log.warning("announcement of %s not yet acknowledged; writing it again", self.worker)
             self._changed.set()
             return
-        log.info("announced %s at %s: %s", self.worker, self.address, parts)
+        log.info("announced %s at %s: %s, queues %s", self.worker, self.address, parts, queues)
 
 
 def ensure_workers_topic(bootstrap: str) -> None:

@@ -31,6 +31,7 @@ from amps_on_kafka.processor.engine import QueryResult
 from amps_on_kafka.processor.queues import QueueEngine, QueueMessage, QueueSubscription
 from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.queries import DEFAULT_BATCH, Query, send_snapshot
+from amps_on_kafka.server.queue_links import QueueLinks, moving
 from amps_on_kafka.server.replies import ack, wire_payload
 from amps_on_kafka.server.requests import (
     MAX_BATCH,
@@ -62,6 +63,29 @@ class QueueService:
         self._outbox: deque[tuple[Session, bytes]] = deque()
         self._posted = False
         self._served: dict[str, bool] = {}
+        self.links: QueueLinks | None = None  # set by the gateway: to the other owners
+        self._subscribers: set[QueueSubscriber] = set()
+        engine.on_ownership(self._moved)
+
+    def _moved(self, name: str) -> None:
+        """Election thread: a queue came here or left; subscriptions to one that left end
+        with retry: (their clients subscribe again, at its new owner)."""
+        if name in self.engine.runtimes:
+            return
+        with suppress(RuntimeError):  # the loop is closed: the gateway is stopping
+            self._loop.call_soon_threadsafe(self._end_subscriptions, name)
+
+    def _end_subscriptions(self, name: str) -> None:
+        for sub in [s for s in self._subscribers if s.handle and name in s.handle.queues]:
+            sub.session.fail(
+                {"sub_id": sub.sub_id, "t": name},
+                f"retry: queue moving ({name} moved to another worker)",
+            )
+            sub.session.remove_subscription(sub.sub_id)
+
+    def forget(self, session: Session) -> None:
+        if self.links is not None:
+            self.links.forget(session)
 
     def serves(self, topic: object) -> bool:
         """Whether `topic` names a queue (or, as a regular expression, some queues)."""
@@ -71,6 +95,13 @@ class QueueService:
         if served is None:
             served = self._served[topic] = self.engine.serves(topic)
         return served
+
+    async def forward(self, session: Session, request: Request) -> None:
+        """A command for a queue another worker owns (server/queue_links.py)."""
+        names = self.names(request.header["t"])
+        if self.links is None:
+            raise moving(names, "not served here now")
+        await self.links.forward(session, request, names)
 
     def names(self, topic: str) -> list[str]:
         """The queues a topic that `serves` names: itself, or those its regex matches."""
@@ -106,12 +137,25 @@ def routed(regular: Handler, queued: Handler) -> Handler:
     async def handle(session: Session, request: Request) -> None:
         service = session.gateway.queues
         if service is not None and service.serves(request.header.get("t")):
-            await queued(session, request)
+            if needs_owner(request) and not service.engine.owns(request.header["t"]):
+                await service.forward(session, request)
+            else:
+                await queued(session, request)
         else:
             _refuse_queue_only(request)
             await regular(session, request)
 
     return handle
+
+
+def needs_owner(request: Request) -> bool:
+    """Whether the queue's owner must answer: a publish goes to the underlying topic, and
+    a subscription with a bookmark replays it, from any worker."""
+    header = request.header
+    command = header.get("c")
+    if command == "subscribe":
+        return header.get("bm") is None
+    return command in ("sow", "sow_delete")
 
 
 def _refuse_queue_only(request: Request) -> None:
@@ -153,6 +197,7 @@ class QueueSubscriber:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._service._subscribers.discard(self)
             if self.handle is not None:
                 self._service.engine.unsubscribe(self.handle)
 
@@ -172,6 +217,7 @@ async def subscribe(session: Session, request: Request) -> None:
         return
     sub = QueueSubscriber(session, subscription_id(header))
     session.add_subscription(sub)
+    session.gateway.queues._subscribers.add(sub)  # type: ignore[union-attr]
     try:
         sub.handle = _engine(session).subscribe(
             pattern,  # type: ignore[arg-type]

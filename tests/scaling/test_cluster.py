@@ -116,3 +116,20 @@ def test_a_peer_that_does_not_answer_is_a_retryable_error():
         address = f"127.0.0.1:{probe.getsockname()[1]}"
     with pytest.raises(PartitionsMoving, match=r"^retry: partitions moving \(the worker at "):
         asyncio.run(PeerPool(PeerAccess()).take(address))
+
+
+def test_the_latest_claim_of_a_queue_names_its_owner():
+    directory = Directory("g")
+
+    def claim(worker: str, queues: list[str], offset: int) -> None:
+        value = {"address": f"{worker}:1", "parts": {}, "queues": queues}
+        directory.apply(f"g\x00{worker}".encode(), orjson.dumps(value), offset)
+
+    assert directory.queue_owner("q") is None
+    claim("a", ["q"], 0)
+    claim("b", ["q"], 1)  # took q over; a's record (a dead worker's) still claims it
+    assert directory.queue_owner("q").address == "b:1"
+    claim("b", [], 2)  # b let it go: the stale claim is all there is (a peer refuses it)
+    assert directory.queue_owner("q").worker == "a"
+    directory.apply(b"g\x00a", None, 3)
+    assert directory.queue_owner("q") is None
