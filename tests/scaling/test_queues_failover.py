@@ -1,12 +1,14 @@
 """A queue shared by three workers (issue 15, item 4): one owner, elected by Kafka; a
-consumer connected through another gateway; the owner SIGKILLed.
+consumer connected through another gateway; owners SIGKILLed and stopped.
 
 Three `amps-kafka worker` processes run the same queue config. The consumer subscribes
 through a gateway that does not own the queue (its commands are carried to the owner),
 acks some messages and holds leases on others; then the owner is killed. The consumer
-gets a `retry:` failure, subscribes again (at whichever gateway it is connected to),
-and must be given every message not acked before, and no acked one again. Takes about
-15-30 s: three worker starts and one session timeout.
+gets a `retry:` failure, subscribes again, and must be given every message not acked
+before, and no acked one again. Then the first owner is restarted on its (now stale)
+store, the other two are stopped (one SIGKILLed, the owner with SIGTERM: it hands the
+queue over), and the same must hold once the first owner has the queue again. Takes
+about 15-30 s: four worker starts and two session timeouts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import yaml
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from amps_on_kafka.client import Client
-from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.errors import AmpsError, TransportError
 from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.server.membership import WORKERS_TOPIC, Directory
@@ -64,6 +66,81 @@ def retried(call, *args, **kwargs):
             time.sleep(0.2)
 
 
+class Consumer:
+    """A queue consumer that acks synchronously, subscribes again after `retry:` and
+    connects to another live gateway when its own goes away."""
+
+    def __init__(self, queue: str, workers: dict[str, WorkerProcess]) -> None:
+        self.queue = queue
+        self.workers = workers
+        self.acked: set[str] = set()  # the ack returned: never to be delivered again
+        self.unsure: set[str] = set()  # the connection dropped during the ack
+        self.seen: dict[str, int] = {}
+        self.redelivered: list[str] = []
+        self.retries = 0
+        self.client: Client | None = None
+        self.stream = None
+
+    def connect(self, worker: WorkerProcess) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.client = Client(f"consumer-{uuid.uuid4().hex[:6]}")
+        self.client.connect(worker.address)
+        self.client.logon(10)
+        self.subscribe()
+
+    def subscribe(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+        self.stream = retried(self.client.subscribe, self.queue, options="max_backlog=20")
+
+    def take(self, count: int, ack: bool = True) -> set[str]:
+        """`count` messages not acked before (acked unless `ack` is false)."""
+        taken: set[str] = set()
+        while len(taken) < count:
+            try:
+                message = self.stream.next(timeout=10)
+                assert message is not None, f"{len(self.acked)} acked, then silence"
+                if message.bookmark in self.acked:
+                    self.redelivered.append(message.bookmark)
+                    continue
+                self.seen[message.bookmark] = message.data["n"]
+                taken.add(message.bookmark)
+                if ack:
+                    self._ack(message.bookmark)
+            except AmpsError as exc:
+                if exc.reason.startswith("retry:"):
+                    self.retries += 1
+                    self.subscribe()
+                elif isinstance(exc, TransportError):  # its gateway is gone: another one
+                    self.connect(next(w for w in self.workers.values() if w.alive))
+                else:
+                    raise
+        return taken
+
+    def _ack(self, bookmark: str) -> None:
+        try:
+            assert self.client.ack(self.queue, [bookmark]).matches == 1
+        except TransportError:
+            self.unsure.add(bookmark)  # durable or not: either way it is not lost
+            raise
+        self.acked.add(bookmark)
+
+    def drain(self, total: int) -> None:
+        """Until every message published has been acked."""
+        while len(self.acked | self.unsure) < total:
+            self.take(1)
+
+
+def publish(address: str, queue: str, numbers: range) -> None:
+    with Client(f"publisher-{uuid.uuid4().hex[:6]}") as client:
+        client.connect(address)
+        client.logon(10)
+        for n in numbers:
+            client.publish(queue, {"n": n})
+        client.publish_flush()
+
+
 @pytest.mark.timeout(180)
 def test_a_queue_fails_over_to_another_worker_losing_nothing_and_redelivering_no_ack(
     bootstrap, topic_factory, tmp_path
@@ -84,58 +161,43 @@ def test_a_queue_fails_over_to_another_worker_losing_nothing_and_redelivering_no
     workers = {
         f"w{i}": WorkerProcess(f"w{i}", config, bootstrap, group, tmp_path) for i in range(3)
     }
+    consumer = Consumer(queue, workers)
     try:
         for worker in workers.values():
             worker.start()
         for worker in workers.values():
             worker.wait_ready()
-        owner = workers[owner_of(bootstrap, group, queue)]
-        via = next(w for w in workers.values() if w is not owner)
-        with Client(f"consumer-{uuid.uuid4().hex[:6]}") as client:
-            client.connect(via.address)
-            client.logon(10)
-            for n in range(MESSAGES):
-                client.publish(queue, {"n": n})
-            client.publish_flush()
-            acked: set[str] = set()
-            seen: dict[str, int] = {}
-            stream = retried(client.subscribe, queue, options="max_backlog=20", timeout=10)
-            while len(acked) < ACKED_BEFORE + HELD:
-                message = stream.next(timeout=10)
-                assert message is not None, "the owner stopped delivering through a peer"
-                seen[message.bookmark] = message.data["n"]
-                if len(acked) < ACKED_BEFORE:
-                    assert client.ack(queue, [message.bookmark]).matches == 1
-                acked.add(message.bookmark)
-            browsed = retried(lambda: list(client.sow(queue, timeout=10)))  # the owner's answer
-            assert len(browsed) == MESSAGES - ACKED_BEFORE
-            held = acked - set(list(seen)[:ACKED_BEFORE])
-            acked -= held  # HELD leases, never acked: they must come back
-            owner.kill()
+        first = workers[owner_of(bootstrap, group, queue)]
+        via = next(w for w in workers.values() if w is not first)
+        publish(via.address, queue, range(MESSAGES))
+        consumer.connect(via)  # not the owner: its commands are carried there
+        consumer.take(ACKED_BEFORE)
+        held = consumer.take(HELD, ack=False)  # leased when the owner dies: they come back
+        browsed = retried(lambda: list(consumer.client.sow(queue, timeout=10)))
+        assert len(browsed) == MESSAGES - ACKED_BEFORE  # the owner's sow, through a peer
+        first.kill()
+        consumer.drain(MESSAGES)
+        assert consumer.retries >= 1  # the subscription through the dead owner said retry:
+        assert held <= consumer.acked
 
-            redelivered: list[str] = []
-            retries = 0
-            while len(acked) < MESSAGES:
-                try:
-                    message = stream.next(timeout=10)
-                    assert message is not None, f"{len(acked)} of {MESSAGES} acked, then silence"
-                    if message.bookmark in acked:
-                        redelivered.append(message.bookmark)
-                        continue
-                    seen[message.bookmark] = message.data["n"]
-                    if client.ack(queue, [message.bookmark]).matches == 1:
-                        acked.add(message.bookmark)
-                except AmpsError as exc:
-                    assert exc.reason.startswith("retry:"), exc.reason
-                    retries += 1
-                    stream.close()
-                    stream = retried(client.subscribe, queue, options="max_backlog=20", timeout=10)
-            stream.close()
-        assert retries >= 1  # the subscription held through the dead owner ended with retry:
-        assert redelivered == []
-        assert sorted(seen.values()) == list(range(MESSAGES))
-        assert held <= acked  # the dead owner's leases came back and were taken again
+        # the first owner comes back on its stale store and gets the queue again
+        first.start()
+        first.wait_ready()
+        publish(first.address, queue, range(MESSAGES, 2 * MESSAGES))
+        consumer.take(ACKED_BEFORE)
+        held = consumer.take(HELD, ack=False)
+        owner = workers[owner_of(bootstrap, group, queue)]
+        assert owner is not first  # cooperative-sticky: a worker joining takes nothing
+        next(w for w in workers.values() if w not in (first, owner)).kill()
+        owner.stop()  # SIGTERM: the owner hands the queue over (its store is up to date)
+        consumer.drain(2 * MESSAGES)
+        assert owner_of(bootstrap, group, queue) == first.name
+        assert held <= consumer.acked
+        assert consumer.redelivered == []
+        assert sorted(consumer.seen.values()) == list(range(2 * MESSAGES))
     finally:
+        if consumer.client is not None:
+            consumer.client.close()
         for worker in workers.values():
             worker.stop()
         delete_topics(bootstrap, [events_topic(queue)])
