@@ -60,8 +60,10 @@ PREFIX = "_amps_changelog."
 # can be taken for the meta record.
 _RECORD, _META = b"r", b"m"
 _OFFSET = struct.Struct(">q")
-TRANSACTION_TIMEOUT = 30.0  # seconds: a dead worker's open transaction is aborted after it
-COMMIT_TIMEOUT = 30.0  # seconds a batch waits for its transaction's commit
+# seconds: a dead worker's open transaction is aborted after it; a seed (Changelog.seed)
+# must commit within it
+TRANSACTION_TIMEOUT = 60.0
+COMMIT_TIMEOUT = TRANSACTION_TIMEOUT  # seconds a batch waits for its transaction's commit
 RESTORE_BATCH = 10_000  # changelog records loaded into the store per write
 Entry = tuple[bytes, bytes | None]  # raw SOW key, record as stored (None: deleted)
 
@@ -95,8 +97,8 @@ def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> None:
         if existing != count:
             raise ConfigError(
                 f"SOW {sow.topic}: its changelog {name} has {existing} partitions, its log "
-                f"{count}; delete it and the state directories' stores of the topic (a new "
-                "changelog is complete only when written from the start of the SOW)"
+                f"{count}; delete it, then start the workers once with Changelog off and "
+                "again with it on: they copy their stores into the new one"
             )
 
 
@@ -170,8 +172,7 @@ class Changelog:
         name, partition = changelog_topic(self.group, store.topic), store.partition
         try:
             for raw_key, stored in changes:
-                producer.produce(name, stored, _RECORD + raw_key, partition)
-                producer.poll(0)
+                _produce(producer, name, stored, _RECORD + raw_key, partition)
             offset = next_offset if next_offset is not None else store.next_offset()
             if offset is not None:
                 meta = _OFFSET.pack(offset) + pack_history(store.expiry_history())
@@ -187,6 +188,31 @@ class Changelog:
             raise ChangelogFailed(
                 f"changelog {name}|{partition} not written ({exc}): the batch waits"
             ) from exc
+
+    def seed(self, store: PartitionStore, member: Consumer, consumed: str) -> None:
+        """Copy a store whose state predates its changelog (Changelog turned on, or off
+        and on again, over existing stores) into it, in one transaction (`send`): every
+        record, a tombstone for each key the changelog holds that the store doesn't, and
+        the store's offset. Once committed, the changelog holds exactly the store's state,
+        whatever it held before; until then none of it shows."""
+        part = (changelog_topic(self.group, store.topic), store.partition)
+        in_changelog = {
+            key[len(_RECORD) :]
+            for _, key, value in _committed(self.bootstrap, [part])
+            if key != _META and value is not None
+        }
+
+        def snapshot() -> Iterator[Entry]:
+            for record in store.scan():
+                key = record.sow_key.encode()
+                in_changelog.discard(key)
+                yield key, record.encode()
+            for key in list(in_changelog):
+                yield key, None
+
+        log.info("copying %s|%s into its changelog", store.topic, store.partition)
+        self.send(store, snapshot(), store.next_offset(), member, consumed)
+        store.mark_changelogged(True)
 
     def close(self) -> None:
         self._producer.flush(COMMIT_TIMEOUT)
@@ -213,39 +239,68 @@ class Changelog:
             log.warning("aborting a changelog transaction failed: %s", abort_error)
 
 
+def _produce(
+    producer: Producer, topic: str, value: bytes | None, key: bytes, partition: int
+) -> None:
+    """Produce, waiting for room when the producer's queue is full (a large seed)."""
+    while True:
+        try:
+            producer.produce(topic, value, key, partition)
+            producer.poll(0)
+            return
+        except BufferError:
+            producer.poll(0.1)
+
+
 def restore(bootstrap: str, group: str, stores: list[PartitionStore]) -> dict[int, int | None]:
     """Load partitions' changelogs (what is committed, to their end) into their empty
     stores, with one reader; by store (its index in `stores`), the log offset it now
     reflects, or None when its changelog holds no position yet (the partition is then
     built from the log, as without a changelog)."""
-    where = {(changelog_topic(group, s.topic), s.partition): i for i, s in enumerate(stores)}
+    parts = [(changelog_topic(group, store.topic), store.partition) for store in stores]
+    metas: dict[int, bytes] = {}
+    pending: dict[int, list[Entry]] = defaultdict(list)
+    loaded = [0] * len(stores)
+    for index, key, value in _committed(bootstrap, parts):
+        if key == _META:
+            metas[index] = value  # type: ignore[assignment]
+            continue
+        batch = pending[index]
+        batch.append((key[len(_RECORD) :], value))
+        if len(batch) >= RESTORE_BATCH:
+            stores[index].load(batch)
+            loaded[index] += len(batch)
+            pending[index] = []
+    for index, batch in pending.items():
+        stores[index].load(batch)
+        loaded[index] += len(batch)
+    return {i: _position(store, metas.get(i), loaded[i]) for i, store in enumerate(stores)}
+
+
+def _committed(
+    bootstrap: str, parts: list[tuple[str, int]]
+) -> Iterator[tuple[int, bytes, bytes | None]]:
+    """Every committed record of the changelog partitions `parts`, to their end, as
+    (index in parts, key, value), with one reader."""
+    where = {part: index for index, part in enumerate(parts)}
     consumer = reader(
         bootstrap, **{"isolation.level": "read_committed", "enable.partition.eof": True}
     )
     consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in where])
-    metas: dict[int, bytes] = {}
-    loaded = [0] * len(stores)
     try:
-        while len(where) > 0:
-            pending: dict[int, list[Entry]] = defaultdict(list)
+        while where:
             for message in consume_available(consumer, RESTORE_BATCH, METADATA_TIMEOUT) or [None]:
                 if message is None:
-                    raise TransportError(f"restoring from {sorted(where)}: Kafka is silent")
-                index = where.get((message.topic(), message.partition()))
+                    raise TransportError(f"reading changelogs {sorted(where)}: Kafka is silent")
+                part = (message.topic(), message.partition())
                 if message.error():
                     if message.error().code() != KafkaError._PARTITION_EOF:
-                        raise TransportError(f"restoring {message.topic()}: {message.error()}")
-                    where.pop((message.topic(), message.partition()), None)
-                elif index is not None and message.key() == _META:
-                    metas[index] = message.value()
-                elif index is not None:
-                    pending[index].append((message.key()[len(_RECORD) :], message.value()))
-            for index, entries in pending.items():
-                stores[index].load(entries)
-                loaded[index] += len(entries)
+                        raise TransportError(f"reading changelog {part}: {message.error()}")
+                    where.pop(part, None)
+                elif part in where:
+                    yield where[part], message.key(), message.value()
     finally:
         consumer.close()
-    return {i: _position(store, metas.get(i), loaded[i]) for i, store in enumerate(stores)}
 
 
 def _position(store: PartitionStore, meta: bytes | None, loaded: int) -> int | None:
@@ -254,6 +309,7 @@ def _position(store: PartitionStore, meta: bytes | None, loaded: int) -> int | N
         return None
     offset = _OFFSET.unpack_from(meta)[0]
     store.load_position(offset, unpack_history(meta[_OFFSET.size :]))
+    store.mark_changelogged(True)
     log.info(
         "restored %s|%s from its changelog: %d records, at offset %d",
         store.topic,

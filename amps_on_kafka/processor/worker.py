@@ -444,14 +444,19 @@ class Worker:
         return self.store_of(topic, tp.partition)
 
     def store_of(self, topic: str, partition: int) -> PartitionStore:
-        """Open the store of a partition of a SOW topic (the worker's or a standby copy)."""
-        return PartitionStore(
+        """Open the store of a partition of a SOW topic (the worker's or a standby copy).
+        Without a changelog, one it had is marked out of step: were the changelog turned
+        on again, it would be copied into it (Changelog.seed)."""
+        store = PartitionStore(
             store_path(self.state_dir, self._consumed(topic), partition),
             topic,
             partition,
             self.rules[topic].codec,
             self.config.state.write_buffer_bytes,
         )
+        if topic not in self._changelogged and store.changelogged():
+            store.mark_changelogged(False)
+        return store
 
     def _open(self, topic: str, partition: int, restore_to: int = 0) -> PartitionStore:
         rules = self.rules[topic]
@@ -468,6 +473,9 @@ class Worker:
         empty = [s for s in stores if s.topic in self._changelogged and s.next_offset() is None]
         if empty:
             restore(self.bootstrap, self.group_id, empty)
+        for store in empty:
+            if store.next_offset() is None:  # nothing to restore: it starts with the changelog
+                store.mark_changelogged(True)
 
     def _restore_new(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Restore the newly assigned partitions that have a changelog, all at once
@@ -479,6 +487,10 @@ class Worker:
         ]
         try:
             self.restore(stores)
+            for store in stores:
+                if not store.changelogged():  # its state predates the changelog
+                    consumed = self._consumed(store.topic)
+                    self._changelog.seed(store, consumer, consumed)  # type: ignore[union-attr]
         finally:
             for store in stores:
                 store.close()

@@ -33,6 +33,7 @@ from amps_on_kafka.state.record import NEVER, SowRecord, deadline_of
 COLUMN_FAMILIES = ("sow", "expiry", "meta")
 _OFFSET_KEY = b"next_offset"
 _EXPIRY_KEY = b"expiry_history"
+_CHANGELOG_KEY = b"changelogged"  # present: every change of the state is in the changelog
 _EXPIRY_ENTRY = struct.Struct(">qq?")  # from offset, default in ms (-1: none), expiring
 History = list[tuple[int, int | None, bool]]  # (from offset, default ms or None, expiring)
 _UNREAD = object()
@@ -347,6 +348,21 @@ class PartitionStore:
         if history:
             writes.put(_EXPIRY_KEY, pack_history(history), self._handles["meta"])
         self._commit(writes, next_offset)
+        self.flush()
+
+    def changelogged(self) -> bool:
+        """Whether the changelog has had every change of this store's state: it was
+        restored from it, started empty with it, or was copied into it
+        (processor/changelog.py); not if it was written while the changelog was off."""
+        return self._meta.get(_CHANGELOG_KEY) is not None
+
+    def mark_changelogged(self, on: bool) -> None:
+        writes = WriteBatch(raw_mode=True)
+        if on:
+            writes.put(_CHANGELOG_KEY, b"", self._handles["meta"])
+        else:
+            writes.delete(_CHANGELOG_KEY, self._handles["meta"])
+        self._commit(writes, None)
         self.flush()
 
     def flush(self) -> None:

@@ -277,3 +277,31 @@ def test_a_changelog_with_other_partitions_than_its_log_stops_the_start(
     config = Config.model_validate(config_of(sow_topic, bootstrap))
     with pytest.raises(ConfigError, match="has 1 partitions, its log 2"):
         ensure_changelog_topics(bootstrap, config, group)
+
+
+def test_a_changelog_turned_off_and_on_again_is_brought_into_step(
+    bootstrap, sow_topic, client, run_worker, tmp_path
+):
+    """Changes made while the changelog is off (a delete, a new key) are copied into it
+    when it is turned on again over the same stores, tombstones included: a worker on an
+    empty directory, with the log deleted, then restores the same SOW."""
+    group, state = f"g-{uuid.uuid4().hex[:8]}", tmp_path / "state"
+    on, off = config_of(sow_topic, bootstrap), config_of(sow_topic, bootstrap, Changelog=False)
+    for i in range(20):
+        client.publish(sow_topic, {"id": i, "v": i})
+    client.publish_flush(10)
+    for config, records in ((on, None), (off, ["4", "5"]), (on, None)):
+        if records:  # what only the stores see
+            client.sow_delete(sow_topic, keys=records)
+            client.publish(sow_topic, {"id": 30, "v": 30})
+            client.publish_flush(10)
+        worker = run_worker(config, state, group)
+        caught_up(worker, bootstrap, sow_topic)
+        expected = held(worker, sow_topic)
+        worker.stop()
+    assert sorted(expected, key=int) == [str(i) for i in [*range(20), 30] if i not in (4, 5)]
+    delete_log(bootstrap, sow_topic)
+    fresh = run_worker(on, tmp_path / "fresh", group)
+    caught_up(fresh, bootstrap, sow_topic)
+    assert fresh.applied == 0
+    assert held(fresh, sow_topic) == expected
