@@ -128,13 +128,13 @@ def main(argv: list[str] | None = None) -> None:
         our_topic = new_topic(servers, "client", partitions, key=("/id",))
         peer = raw_produce(servers, raw_topic, docs)
         ours = client_publish(servers, our_topic, docs)
-        report(f"publish, persisted acks, {partitions} partition(s)", ours, peer, 0.8)
+        report(f"publish, persisted acks, {partitions} partition(s)", ours, peer)
         dressed = raw_produce(servers, raw_topic, docs, envelope=True)
-        report("  the same, beside raw carrying the same metadata", ours, dressed)
+        report("  the same, beside raw carrying the same metadata", ours, dressed, 0.8)
         total = len(docs) + 1  # the warm-up message is in the log too
         peer = raw_consume(servers, raw_topic, partitions, total)
         ours = client_replay(servers, our_topic, total)
-        report(f"bookmark_subscribe from EPOCH, {partitions} partition(s)", ours, peer, 0.7)
+        report(f"bookmark_subscribe from EPOCH, {partitions} partition(s)", ours, peer, 0.85)
         hits = selective_count(docs) + selective_count(docs[:1])
         filtered = client_replay(servers, our_topic, hits, SELECTIVE)
         scanned = Result("client", filtered.seconds, total)  # records read, not delivered

@@ -100,7 +100,9 @@ class Client(ClientBase):
     # -- publishing ----------------------------------------------------------------
     def publish(self, topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
         transport = self._transport or self.transport  # the property: an error unconnected
-        return transport.publish(topic, data, expiration, Command.PUBLISH, **kw)
+        if kw:
+            return transport.publish(topic, data, expiration, Command.PUBLISH, **kw)
+        return transport.publish(topic, data, expiration, Command.PUBLISH)  # no dict to unpack
 
     def delta_publish(
         self, topic: str, data: Any, expiration: float | None = None, **kw: Any

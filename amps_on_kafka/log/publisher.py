@@ -92,6 +92,7 @@ class LogPublisher:
         config = {"delivery.report.only.error": not report_successes, **(producer_config or {})}
         self._shared = producer is not None
         self._producer = producer if producer is not None else log_producer(bootstrap, **config)
+        self._produce_call = self._producer.produce  # bound once, not per record
         self._closed = False
 
     def spec(self, topic: str) -> TopicSpec:
@@ -329,7 +330,7 @@ class LogPublisher:
             callback = _chain(delivered, on_persisted)
         else:
             raise ValueError("on_persisted needs a LogPublisher made with report_successes=True")
-        produce = self._producer.produce
+        produce = self._produce_call
         while True:
             try:  # a str key is encoded as UTF-8 by the client, in C
                 if partition is None:
