@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -57,6 +58,13 @@ class QueueOwnership:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="amps-queue-owner", daemon=True)
         self._consumers: dict[str, Consumer] = {}
+        # set at each queue's first assignment (this worker's share, empty or not)
+        self.settled = {name: threading.Event() for name in queues}
+
+    def wait_settled(self, deadline: float) -> bool:
+        """Until every queue's group gave this worker its share (False at `deadline`,
+        monotonic): a worker is ready once it knows which queues it owns."""
+        return all(e.wait(max(0.0, deadline - time.monotonic())) for e in self.settled.values())
 
     def start(self) -> None:
         admin = admin_client(self.bootstrap)
@@ -89,6 +97,7 @@ class QueueOwnership:
                 consumer.pause(partitions)  # the partition is a token: nothing is read
                 log.info("queue %s: this worker owns it now", name)
                 self.acquire(name)
+            self.settled[name].set()
 
         def revoked(consumer: Consumer, partitions: list[TopicPartition]) -> None:
             if partitions:

@@ -188,6 +188,8 @@ class QueueEngine:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every queue has recovered and reads its topics."""
         deadline = time.monotonic() + timeout
+        if self.ownership is not None and not self.ownership.wait_settled(deadline):
+            raise TransportError(f"the queues' owners not elected after {timeout}s")
         for runtime in list(self.runtimes.values()):
             while not runtime.ready.wait(0.05):
                 if runtime.failure is not None:

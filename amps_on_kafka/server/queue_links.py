@@ -93,13 +93,15 @@ class OwnerLink:
         self._task: asyncio.Task[None] | None = None
 
     async def forward(self, request: Request) -> None:
-        if self._link is None:
+        if self._task is None:
             try:
-                self._link = await asyncio.shield(self._opened)
+                link = await asyncio.shield(self._opened)
             except AmpsError as exc:
                 self.lost = True
                 raise moving([request.header.get("t", "?")], exc.reason) from None
-            self._task = asyncio.get_running_loop().create_task(self._relay())
+            if self._task is None:  # not opened meanwhile by another command
+                self._link = link
+                self._task = asyncio.get_running_loop().create_task(self._relay())
         header = request.header
         last = _last_frame(request)
         if header.get("c") == "subscribe":
