@@ -127,9 +127,11 @@ def _serve(
         freeze_long_lived()
         if admin is not None:
             admin.sources.gateway = gateway
+        # Before the ready line: a signal that its reader sends at once must not land in
+        # Thread.start (the handler raises there, and the new thread dies on a KeyError).
+        Summary(processor, gateway=partial(_gateway_counts, gateway)).start(stopping)
         scheme = "tcps" if processor.config.gateway.tls is not None else "tcp"
         _announce(f"{scheme}://{gateway.address}", processor.state_dir, ready_file, admin)
-        Summary(processor, gateway=partial(_gateway_counts, gateway)).start(stopping)
         # Not Thread.join: a signal interrupting it marks the thread as stopped (CPython's
         # bpo-45274 handling), and stop() would then not wait for the stores to close.
         while not stopping.wait(0.5):

@@ -84,11 +84,22 @@ def test_reads_get_the_entitlement_filter_anded_with_their_own(command: str) -> 
 
 
 @pytest.mark.parametrize("command", ["publish", "delta_publish", "sow_delete"])
-def test_writes_need_write_and_are_not_filtered(command: str) -> None:
-    header = authorize("alice", {"c": command, "t": "orders", "f": "1=1"})
-    assert header["f"] == "1=1"  # write permission, not the read filter, governs writes
+def test_writes_need_write(command: str) -> None:
     with pytest.raises(Denied, match=f"user 'alice' may not {command} to 'trades'"):
         authorize("alice", {"c": command, "t": "trades"})
+
+
+@pytest.mark.parametrize("command", ["publish", "delta_publish"])
+def test_publishes_are_not_filtered(command: str) -> None:
+    header = authorize("alice", {"c": command, "t": "orders", "f": "1=1"})
+    assert header["f"] == "1=1"  # write permission, not the read filter, governs them
+
+
+def test_a_sow_delete_is_narrowed_to_what_the_user_sees() -> None:
+    header = authorize("alice", {"c": "sow_delete", "t": "orders", "f": "1=1"})
+    assert header["f"] == "(/desk = 'fx') AND (1=1)"
+    with pytest.raises(Denied, match="may sow_delete from 'orders' by filter only"):
+        authorize("alice", {"c": "sow_delete", "t": "orders", "k": "7"})
 
 
 def test_queue_acks_are_the_consumers_right() -> None:
