@@ -28,7 +28,7 @@ from amps_on_kafka.processor.changelog import (
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.state.record import NEVER, pack_record
 from amps_on_kafka.state.store import PartitionStore
-from tests.scaling.test_workers import session_timeout
+from tests.scaling.helpers import session_timeout
 from tests.sow.test_worker import reference_sow
 
 ROOT = Path(__file__).parents[2]

@@ -13,123 +13,20 @@ about 15-30 s: four worker starts and two session timeouts.
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 import yaml
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from amps_on_kafka.client import Client
-from amps_on_kafka.errors import AmpsError, TransportError
-from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.processor.queue_runtime import events_topic
-from amps_on_kafka.server.membership import WORKERS_TOPIC, Directory
 from tests.conftest import delete_topics
-from tests.scaling.test_workers import session_timeout
+from tests.scaling.helpers import Consumer, owner_of, retried, session_timeout
 from tests.scaling.workers import WorkerProcess
 
 MESSAGES = 40
 ACKED_BEFORE = 15  # acked (durably) before the owner dies
 HELD = 5  # leased to the consumer, not acked, when the owner dies
-DEADLINE = 60.0
-
-
-def owner_of(bootstrap: str, group: str, queue: str) -> str:
-    """The worker the membership directory names as the queue's owner (waits for one)."""
-    deadline = time.monotonic() + DEADLINE
-    directory = Directory(group)
-    consumer = reader(bootstrap)
-    consumer.assign([TopicPartition(WORKERS_TOPIC, 0, OFFSET_BEGINNING)])
-    try:
-        while True:
-            for record in consumer.consume(500, timeout=0.2):
-                if record.error() is None:
-                    directory.apply(record.key(), record.value(), record.offset())
-            owner = directory.queue_owner(queue)
-            if owner is not None:
-                return owner.worker
-            assert time.monotonic() < deadline, f"no owner of {queue} announced"
-    finally:
-        consumer.close()
-
-
-def retried(call, *args, **kwargs):
-    """`call`, again while it fails with retry: (ownership is moving)."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        try:
-            return call(*args, **kwargs)
-        except AmpsError as exc:
-            if not exc.reason.startswith("retry:") or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-class Consumer:
-    """A queue consumer that acks synchronously, subscribes again after `retry:` and
-    connects to another live gateway when its own goes away."""
-
-    def __init__(self, queue: str, workers: dict[str, WorkerProcess]) -> None:
-        self.queue = queue
-        self.workers = workers
-        self.acked: set[str] = set()  # the ack returned: never to be delivered again
-        self.unsure: set[str] = set()  # the connection dropped during the ack
-        self.seen: dict[str, int] = {}
-        self.redelivered: list[str] = []
-        self.retries = 0
-        self.client: Client | None = None
-        self.stream = None
-
-    def connect(self, worker: WorkerProcess) -> None:
-        if self.client is not None:
-            self.client.close()
-        self.client = Client(f"consumer-{uuid.uuid4().hex[:6]}")
-        self.client.connect(worker.address)
-        self.client.logon(10)
-        self.subscribe()
-
-    def subscribe(self) -> None:
-        if self.stream is not None:
-            self.stream.close()
-        self.stream = retried(self.client.subscribe, self.queue, options="max_backlog=20")
-
-    def take(self, count: int, ack: bool = True) -> set[str]:
-        """`count` messages not acked before (acked unless `ack` is false)."""
-        taken: set[str] = set()
-        while len(taken) < count:
-            try:
-                message = self.stream.next(timeout=10)
-                assert message is not None, f"{len(self.acked)} acked, then silence"
-                if message.bookmark in self.acked:
-                    self.redelivered.append(message.bookmark)
-                    continue
-                self.seen[message.bookmark] = message.data["n"]
-                taken.add(message.bookmark)
-                if ack:
-                    self._ack(message.bookmark)
-            except AmpsError as exc:
-                if exc.reason.startswith("retry:"):
-                    self.retries += 1
-                    self.subscribe()
-                elif isinstance(exc, TransportError):  # its gateway is gone: another one
-                    self.connect(next(w for w in self.workers.values() if w.alive))
-                else:
-                    raise
-        return taken
-
-    def _ack(self, bookmark: str) -> None:
-        try:
-            assert self.client.ack(self.queue, [bookmark]).matches == 1
-        except TransportError:
-            self.unsure.add(bookmark)  # durable or not: either way it is not lost
-            raise
-        self.acked.add(bookmark)
-
-    def drain(self, total: int) -> None:
-        """Until every message published has been acked."""
-        while len(self.acked | self.unsure) < total:
-            self.take(1)
 
 
 def publish(address: str, queue: str, numbers: range) -> None:
@@ -161,7 +58,7 @@ def test_a_queue_fails_over_to_another_worker_losing_nothing_and_redelivering_no
     workers = {
         f"w{i}": WorkerProcess(f"w{i}", config, bootstrap, group, tmp_path) for i in range(3)
     }
-    consumer = Consumer(queue, workers)
+    consumer = Consumer(queue, list(workers.values()))
     try:
         for worker in workers.values():
             worker.start()

@@ -1,17 +1,21 @@
-"""Three workers, one service (issue 15): any gateway answers for the whole topic, and
-a worker's death costs a retryable error, never a partial answer.
+"""Three workers, one service (issue 15, item 5): any gateway answers for the whole topic,
+a queue keeps its messages through its owner's death, and a worker's death costs a
+retryable error, never a partial answer.
 
-Three `amps-kafka worker` processes share a 4-partition SOW topic. While a publisher
-updates every key again and again, one thread queries through every live gateway and
-one follows a sow_and_subscribe through the worker that is never killed. Two workers
-are SIGKILLed in turn, then the first restarted on its state directory (static
-membership). w1 and w2 keep standby copies of the partitions they don't own, w0 doesn't.
-Every answer must be complete (all keys: the keys exist before the storm
+Three `amps-kafka worker` processes share a 4-partition SOW topic and a queue. While a
+publisher updates every key again and again (and queues one message a round), one
+thread queries through every live gateway, one follows a sow_and_subscribe through the
+worker that is never killed, and one consumes the queue, acking each message, through
+a gateway that does not own it. Two workers are SIGKILLed in turn: first the queue's
+owner, then the consumer's gateway; then the first is restarted on its state directory
+(static membership). w1 and w2 keep standby copies of the partitions they don't own,
+w0 doesn't. Every answer must be complete (all keys: the keys exist before the storm
 and are never deleted) or refused with a reason starting "retry:". At the end the SOW
 through every gateway, and the fold of the subscription's stream, equal the fold of
-the log; a sow_delete through one gateway counts every worker's deletions. Takes
-about 30-50 s: the group's session timeout (2 s, or the least the broker allows) runs
-out twice, and the workers restore and hand over partitions; that is what is tested.
+the log; every queued message was delivered, and none acked came back; a sow_delete
+through one gateway counts every worker's deletions. Takes about 30-60 s: the group's
+session timeout (2 s, or the least the broker allows) runs out twice, and the workers
+restore and hand over partitions and the queue; that is what is tested.
 """
 
 from __future__ import annotations
@@ -24,27 +28,17 @@ from collections import Counter
 import orjson
 import pytest
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource
 
 from amps_on_kafka.client import Client
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.log.kafka import end_offsets, reader
+from amps_on_kafka.processor.queue_runtime import events_topic
+from tests.conftest import delete_topics
+from tests.scaling.helpers import DEADLINE, Consumer, owner_of, session_timeout
 from tests.scaling.workers import WorkerProcess, write_config
 
 KEYS = 120
 PARTITIONS = 4
-SESSION_TIMEOUT = 2.0  # at least the broker's group.min.session.timeout.ms (session_timeout)
-DEADLINE = 60.0  # seconds for the group to settle after a kill
-
-
-def session_timeout(bootstrap: str) -> float:
-    """SESSION_TIMEOUT, or the least the broker allows if that is more (6 s unless set,
-    as on a broker the tests did not start; the project's local broker allows 1 s)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    broker = next(iter(admin.list_topics(timeout=10).brokers))
-    resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
-    configs = admin.describe_configs([resource])[resource].result(10)
-    return max(SESSION_TIMEOUT, int(configs["group.min.session.timeout.ms"].value) / 1000)
 
 
 def sow_of(address: str, topic: str) -> dict[int, int]:
@@ -89,12 +83,13 @@ def fold_of_log(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 class Storm:
-    """Publishes rounds of every key (v = round) until stopped."""
+    """Publishes rounds of every key (v = round) until stopped, and one queue message
+    (n = 0, 1, ...) per round; `queued` counts those flushed."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(self, bootstrap: str, topic: str, queue: str) -> None:
+        self.bootstrap, self.topic, self.queue = bootstrap, topic, queue
         self.stop = threading.Event()
-        self.rounds = 0
+        self.rounds = self.queued = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -105,7 +100,9 @@ class Storm:
                 self.rounds += 1
                 for key in range(KEYS):
                     client.publish(self.topic, {"id": key, "v": self.rounds})
+                client.publish(self.queue, {"n": self.queued})
                 client.publish_flush(30)
+                self.queued += 1
 
 
 class Queries:
@@ -170,19 +167,28 @@ class Follower:
                     folded[message.data["id"]] = message.data["v"]
 
 
+def roles(workers: list[WorkerProcess], owner: str) -> tuple[list[WorkerProcess], WorkerProcess]:
+    """The two workers to kill, the queue's owner first, and the one never killed
+    (w2 unless it owns the queue)."""
+    first = next(w for w in workers if w.name == owner)
+    survivor = next(w for w in reversed(workers) if w is not first)
+    return [first, next(w for w in workers if w not in (first, survivor))], survivor
+
+
 @pytest.mark.timeout(240)
 def test_three_workers_answer_for_the_whole_topic_through_kills(bootstrap, topic_factory, tmp_path):
-    topic = topic_factory(PARTITIONS, key=("/id",))
+    topic, queue = topic_factory(PARTITIONS, key=("/id",)), topic_factory(1)
     timeout = session_timeout(bootstrap)
-    plain = write_config(tmp_path / "plain.yaml", topic, PARTITIONS, timeout)
-    standby = write_config(tmp_path / "standby.yaml", topic, PARTITIONS, timeout, True)
+    plain = write_config(tmp_path / "plain.yaml", topic, PARTITIONS, timeout, queue=queue)
+    standby = write_config(tmp_path / "standby.yaml", topic, PARTITIONS, timeout, True, queue=queue)
     group = f"scaling-{uuid.uuid4().hex[:8]}"
     workers = [  # w0 restores moved partitions from the log, w1 and w2 keep standby copies
         WorkerProcess(f"w{i}", plain if i == 0 else standby, bootstrap, group, tmp_path)
         for i in range(3)
     ]
-    storm = Storm(bootstrap, topic)
+    storm = Storm(bootstrap, topic, queue)
     queries = Queries(workers, topic)
+    consumer = Consumer(queue, workers)
     try:
         for worker in workers:
             worker.start()
@@ -196,39 +202,50 @@ def test_three_workers_answer_for_the_whole_topic_through_kills(bootstrap, topic
             client.publish_flush(30)
         for worker in workers:
             settled(worker.address, topic)  # type: ignore[arg-type]
-        survivor = workers[2]
+        victims, survivor = roles(workers, owner_of(bootstrap, group, queue))
         follower = Follower(survivor.address, topic)  # type: ignore[arg-type]
-        for thread in (storm, queries, follower):
+        consumer.connect(victims[1])  # not the owner's gateway, and it dies second
+        for thread in (storm, queries, follower, consumer):
             thread.thread.start()
 
         rounds = storm.rounds
-        for victim in workers[:2]:
+        for victim in victims:
             while storm.rounds < rounds + 2:  # some storm before each kill
                 time.sleep(0.1)
             victim.kill()
             settled(survivor.address, topic)  # type: ignore[arg-type]
             rounds = storm.rounds
-        workers[0].start().wait_ready()  # static membership: back on its state
+        victims[0].start().wait_ready()  # static membership: back on its state
         storm.stop.set()
         storm.thread.join(60)
 
         expected = fold_of_log(bootstrap, topic)
         assert sorted(expected) == list(range(KEYS))
-        for worker in (workers[0], survivor):
+        for worker in (victims[0], survivor):
             assert settled(worker.address, topic, expected) == expected  # type: ignore[arg-type]
         deadline = time.monotonic() + DEADLINE
         while follower.folded != expected and time.monotonic() < deadline:
             time.sleep(0.2)
         follower.stop.set()
         queries.stop.set()
+        consumer.halt.set()
         follower.thread.join(30)
         queries.thread.join(60)
+        consumer.thread.join(60)
+        assert not consumer.thread.is_alive()
         assert (follower.wrong, Counter(queries.wrong)) == ([], Counter())
         assert follower.folded == expected
         assert queries.outcomes["complete"] > 0
 
+        assert consumer.failure is None, repr(consumer.failure)
+        consumer.drain(storm.queued)  # what the storm queued and was not acked yet
+        assert consumer.retries >= 1  # its subscription through the dead owner said retry:
+        assert consumer.reconnects >= 1  # and it moved on when its own gateway died
+        assert consumer.redelivered == []  # nothing acked came back
+        assert sorted(set(consumer.seen.values())) == list(range(storm.queued))  # none lost
+
         with Client("deleter") as client:  # counted over every worker's partitions
-            client.connect(workers[0].address)  # type: ignore[arg-type]
+            client.connect(victims[0].address)  # type: ignore[arg-type]
             client.logon(10)
             reply = client.sow_delete(topic, "/id >= 0", timeout=60)
         assert reply.meta["matches"] == KEYS  # type: ignore[union-attr]
@@ -236,5 +253,9 @@ def test_three_workers_answer_for_the_whole_topic_through_kills(bootstrap, topic
     finally:
         storm.stop.set()
         queries.stop.set()
+        consumer.halt.set()
+        if consumer.client is not None:
+            consumer.client.close()
         for worker in workers:
             worker.stop()
+        delete_topics(bootstrap, [events_topic(queue)])

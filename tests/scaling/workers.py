@@ -23,14 +23,19 @@ def write_config(
     session_timeout: float,
     standby: bool = False,
     changelog: bool = False,
+    queue: str | None = None,
 ) -> Path:
-    """A config serving one SOW topic keyed by /id, anonymous logons (a test's)."""
+    """A config serving one SOW topic keyed by /id, anonymous logons (a test's); with
+    `queue`, also a queue over a one-partition topic of that name."""
     config = {
         "Topics": [{"Name": topic, "Partitions": partitions}],
         "SOW": [{"Topic": topic, "Key": "/id", "Changelog": changelog}],
         "Worker": {"SessionTimeout": session_timeout, "Standby": standby},
         "Authentication": {"Anonymous": True},
     }
+    if queue is not None:
+        config["Topics"].append({"Name": queue, "Partitions": 1})
+        config["Queues"] = [{"Name": queue, "LeasePeriod": "60s"}]
     path.write_text(yaml.safe_dump(config))
     return path
 
