@@ -8,7 +8,10 @@ gets a `retry:` failure, subscribes again, and must be given every message not a
 before, and no acked one again. Then the first owner is restarted on its (now stale)
 store, the other two are stopped (one SIGKILLed, the owner with SIGTERM: it hands the
 queue over), and the same must hold once the first owner has the queue again. Takes
-about 15-30 s: four worker starts and two session timeouts.
+about 15-30 s: four worker starts and two session timeouts. The multi-worker test
+(test_workers.py) runs a queue consumer through kills too; this one adds the held
+leases, the queue's sow through a peer, the restart on a stale store (sticky) and the
+SIGTERM hand-over.
 """
 
 from __future__ import annotations
