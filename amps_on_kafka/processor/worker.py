@@ -443,6 +443,30 @@ class Worker:
         PartitionStore.destroy(store.path)
         return self.store_of(topic, tp.partition)
 
+    def _report_lost_to_retention(self, consumer: Consumer, store: PartitionStore) -> None:
+        """Records that retention deleted from the log before any worker applied them are
+        in neither the changelog nor the log: the SOW can't have them. Say so once, with
+        the offsets, and count them (rejected[lost_to_retention]), never silently."""
+        tp = TopicPartition(self._consumed(store.topic), store.partition)
+        try:
+            start, _ = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT, cached=False)
+        except KafkaException:
+            return
+        reached = store.next_offset() or 0
+        if reached >= start:
+            return
+        self.rejected["lost_to_retention"] += start - reached
+        log.error(
+            "%s|%s: offsets %d to %d were deleted from the log before any worker applied "
+            "them, and its changelog reaches only offset %d: those records are not in the "
+            "SOW (keep the log longer than a partition may go unserved)",
+            store.topic,
+            store.partition,
+            reached,
+            start - 1,
+            reached,
+        )
+
     def store_of(self, topic: str, partition: int) -> PartitionStore:
         """Open the store of a partition of a SOW topic (the worker's or a standby copy).
         Without a changelog, one it had is marked out of step: were the changelog turned
@@ -488,6 +512,7 @@ class Worker:
         try:
             self.restore(stores)
             for store in stores:
+                self._report_lost_to_retention(consumer, store)
                 if not store.changelogged():  # its state predates the changelog
                     consumed = self._consumed(store.topic)
                     self._changelog.seed(store, consumer, consumed)  # type: ignore[union-attr]

@@ -305,3 +305,19 @@ def test_a_changelog_turned_off_and_on_again_is_brought_into_step(
     caught_up(fresh, bootstrap, sow_topic)
     assert fresh.applied == 0
     assert held(fresh, sow_topic) == expected
+
+
+def test_records_deleted_before_any_worker_applied_them_are_reported_not_lost_silently(
+    bootstrap, sow_topic, client, run_worker, tmp_path, caplog
+):
+    """The changelog only has what a worker applied: records that retention deleted before
+    any worker read them are gone from both. The worker says which, and counts them."""
+    for i in range(10):
+        client.publish(sow_topic, {"id": i, "v": i})
+    client.publish_flush(10)
+    delete_log(bootstrap, sow_topic)
+    config, group = config_of(sow_topic, bootstrap), f"g-{uuid.uuid4().hex[:8]}"
+    worker = run_worker(config, tmp_path / "state", group)
+    until(lambda: worker.rejected["lost_to_retention"] == 10, "the lost records not counted")
+    lost = [r.getMessage() for r in caplog.records if "deleted from the log" in r.getMessage()]
+    assert len(lost) == 2 and all("not in the SOW" in line for line in lost)
