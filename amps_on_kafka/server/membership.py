@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from amps_on_kafka.errors import TransportError
@@ -184,8 +184,7 @@ class Membership:
     def _run(self) -> None:
         consumer = reader(self.bootstrap, **{"fetch.wait.max.ms": 50})
         try:
-            tp = TopicPartition(WORKERS_TOPIC, 0)
-            _, end = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT)
+            end = self._end(consumer, TopicPartition(WORKERS_TOPIC, 0))
             consumer.assign([TopicPartition(WORKERS_TOPIC, 0, OFFSET_BEGINNING)])
             position = 0
             while not self._stop.is_set():
@@ -203,6 +202,20 @@ class Membership:
             log.error("membership stopped following %s: %s", WORKERS_TOPIC, exc)
         finally:
             consumer.close()
+
+    def _end(self, consumer: Consumer, tp: TopicPartition) -> int:
+        """The directory's log end. Just after ensure_workers_topic made the topic, this
+        client's metadata may not know it yet (Unknown partition): ask again until the
+        start's own deadline, rather than give up on the first answer."""
+        deadline = time.monotonic() + METADATA_TIMEOUT * 3
+        while True:
+            try:
+                return consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT)[1]
+            except KafkaException as exc:
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    raise
+                log.debug("%s not known yet (%s): asking again", WORKERS_TOPIC, exc)
+                self._stop.wait(0.2)
 
     def _announce(self) -> None:
         """Write what this worker serves now; if Kafka doesn't take it within

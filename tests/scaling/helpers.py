@@ -22,6 +22,8 @@ from tests.scaling.workers import WorkerProcess
 SESSION_TIMEOUT = 2.0  # at least the broker's group.min.session.timeout.ms (session_timeout)
 DEADLINE = 60.0  # seconds for an owner to be announced, or a retried command to succeed
 
+DRAIN_SILENCE = 75.0  # seconds: past the queue's 60 s lease (workers.py)
+
 
 def session_timeout(bootstrap: str) -> float:
     """SESSION_TIMEOUT, or the least the broker allows if that is more (6 s unless set,
@@ -135,11 +137,11 @@ class Consumer:
             except TransportError as again:
                 exc = again
 
-    def take(self, count: int, ack: bool = True) -> set[str]:
+    def take(self, count: int, ack: bool = True, silence: float = 10.0) -> set[str]:
         """`count` messages not acked before (acked unless `ack` is false)."""
         taken: set[str] = set()
         while len(taken) < count:
-            if (bookmark := self.step(ack)) is not None:
+            if (bookmark := self.step(ack, timeout=silence)) is not None:
                 taken.add(bookmark)
         return taken
 
@@ -152,9 +154,13 @@ class Consumer:
         self.acked.add(bookmark)
 
     def drain(self, total: int) -> None:
-        """Until every message published has been acked."""
+        """Until every message published has been acked. After the kills, silence up to
+        DRAIN_SILENCE may be a lease that must run out (60 s, workers.py), e.g. of a
+        message delivered to a subscription that a retry: replaced: a loaded CI run once
+        saw 10 s of silence here (the cause is not pinned down; see the issue 15 note).
+        Losing a message still fails: it never comes."""
         while len(self.acked | self.unsure) < total:
-            self.take(1)
+            self.take(1, silence=DRAIN_SILENCE)
 
     def _follow(self) -> None:
         try:

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import uuid
 
 import orjson
 import pytest
+from confluent_kafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
 from amps_on_kafka.errors import PartitionsMoving
+from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.processor.engine import QueryResult, ordered
 from amps_on_kafka.security.policy import PeerAccess
 from amps_on_kafka.server.cluster import (
@@ -22,7 +26,7 @@ from amps_on_kafka.server.cluster import (
     parts_of,
     reachable,
 )
-from amps_on_kafka.server.membership import Directory
+from amps_on_kafka.server.membership import Directory, Membership
 from amps_on_kafka.server.requests import ProtocolError
 
 PARTITIONS = 4
@@ -133,3 +137,18 @@ def test_the_latest_claim_of_a_queue_names_its_owner():
     assert directory.queue_owner("q").worker == "a"
     directory.apply(b"g\x00a", None, 3)
     assert directory.queue_owner("q") is None
+
+
+def test_the_directory_end_is_asked_again_while_its_topic_is_unknown(bootstrap, topic_factory):
+    """A worker started just after the directory topic was made got `Unknown partition`
+    for its end, gave up following, and its start failed 30 s later (seen in CI)."""
+    name = f"late-{uuid.uuid4().hex[:8]}"
+    membership = Membership(None, bootstrap, "g")  # type: ignore[arg-type]  # _end only
+    consumer = reader(bootstrap)
+    later = threading.Timer(1.0, topic_factory, kwargs={"name": name})
+    later.start()
+    try:
+        assert membership._end(consumer, TopicPartition(name, 0)) == 0
+    finally:
+        later.join()
+        consumer.close()
