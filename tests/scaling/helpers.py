@@ -148,19 +148,27 @@ class Consumer:
     def _ack(self, bookmark: str) -> None:
         try:
             assert self.client.ack(self.queue, [bookmark]).matches == 1
-        except TransportError:
-            self.unsure.add(bookmark)  # durable or not: either way it is not lost
+        except AmpsError as exc:
+            # The connection dropped, or the owner died with the ack in flight (retry:):
+            # the owner may have stored it first. Durable or not, it is not lost: it
+            # comes back, or it was acked.
+            if isinstance(exc, TransportError) or exc.reason.startswith("retry:"):
+                self.unsure.add(bookmark)
             raise
         self.acked.add(bookmark)
 
     def drain(self, total: int) -> None:
-        """Until every message published has been acked. After the kills, silence up to
-        DRAIN_SILENCE may be a lease that must run out (60 s, workers.py), e.g. of a
-        message delivered to a subscription that a retry: replaced: a loaded CI run once
-        saw 10 s of silence here (the cause is not pinned down; see the issue 15 note).
-        Losing a message still fails: it never comes."""
+        """Until every message published has been acked, or its ack's outcome is unknown
+        (`unsure`: a CI run once waited here for a message whose ack failed with retry:
+        after the owner had stored it). Silence up to DRAIN_SILENCE may still be a lease
+        that must run out (60 s, workers.py). Losing a message fails: it never comes."""
         while len(self.acked | self.unsure) < total:
-            self.take(1, silence=DRAIN_SILENCE)
+            try:
+                self.take(1, silence=DRAIN_SILENCE)
+            except AssertionError as silence:
+                numbers = sorted(self.seen[b] for b in self.acked | self.unsure)
+                missing = sorted(set(range(total)) - set(numbers))
+                raise AssertionError(f"{silence}; never delivered: n = {missing[:20]}") from None
 
     def _follow(self) -> None:
         try:
