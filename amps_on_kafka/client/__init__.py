@@ -9,7 +9,7 @@ from amps_on_kafka.client.client import Client
 from amps_on_kafka.client.command import Command
 from amps_on_kafka.client.ha import Backoff, HAClient, RoundRobinChooser
 from amps_on_kafka.client.logged_bookmark_store import LoggedBookmarkStore
-from amps_on_kafka.client.message import COMPLETED, Message
+from amps_on_kafka.client.message import COMPLETED, DeleteAck, Message
 from amps_on_kafka.client.publish_store import FilePublishStore, MemoryPublishStore
 from amps_on_kafka.client.ring_bookmark_store import RingBookmarkStore
 from amps_on_kafka.client.stream import MessageStream
@@ -22,6 +22,7 @@ __all__ = [
     "Client",
     "ClientBase",
     "Command",
+    "DeleteAck",
     "FilePublishStore",
     "HAClient",
     "LoggedBookmarkStore",

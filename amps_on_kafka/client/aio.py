@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.client import Client
 from amps_on_kafka.client.command import Command
+from amps_on_kafka.client.message import DeleteAck
 from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
 from amps_on_kafka.log.message import Message
@@ -216,8 +217,8 @@ class AsyncClient:
         keys: Iterable[str] | None = None,
         data: Any = None,
         **kw: Any,
-    ) -> list[int] | Message:
-        """Client.sow_delete."""
+    ) -> DeleteAck:
+        """Client.sow_delete: a DeleteAck on both transports."""
         delete = self.client.sow_delete
         return await self._run(delete, topic, filter, keys=keys, data=data, **kw)
 

@@ -18,6 +18,7 @@ from amps_on_kafka.client.bookmark_store import BookmarkStore
 from amps_on_kafka.client.command import Command
 from amps_on_kafka.client.handlers import Dispatcher, Handler
 from amps_on_kafka.client.kafka_transport import KafkaConfigSource
+from amps_on_kafka.client.message import DeleteAck
 from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
@@ -77,12 +78,14 @@ class ClientBase(ABC):
         keys: Iterable[str] | None = None,
         data: Any = None,
         **kw: Any,
-    ) -> list[int] | Message:
-        """Delete SOW records by filter, by keys or by data.
+    ) -> DeleteAck:
+        """Delete SOW records by filter, by keys or by data (exactly one of them).
 
-        On kafka:// returns the sequence numbers of the records written (there is no
-        worker to count); on tcp:// waits for the worker and returns the processed ack,
-        whose `matches` is the number of records deleted.
+        Returns a `DeleteAck`, a Message with the same attributes on both transports:
+        `topic`, `sequence` (of the first record written), `correlation_id`, `matches`
+        and `ack_type`. On tcp:// it waits (up to `timeout=` s) for the worker, whose
+        processed ack counts the records deleted in `matches`; on kafka:// there is no
+        worker to count, so `matches` and `ack_type` are None.
         """
 
     @abstractmethod
@@ -387,7 +390,7 @@ class ClientBase(ABC):
         """Run a Command and give its messages to `handler` on a client thread; returns the
         command id (the sub_id of a subscription). A command without a stream (publish,
         flush, ...) runs now, on the calling thread, and `handler` gets its ack message
-        if it has one (a sow_delete over tcp://)."""
+        if it has one (a sow_delete's DeleteAck)."""
         if command.command in STREAM_COMMANDS:
             return self._handlers.start(self.execute(command), handler)
         result = self.execute(command)

@@ -19,6 +19,7 @@ from typing import Any
 from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.bookmark_store import BookmarkStore
 from amps_on_kafka.client.kafka_transport import KafkaConfigSource, KafkaTransport, secured
+from amps_on_kafka.client.message import DeleteAck
 from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription, BookmarkSubscriptions
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH, TcpTransport
@@ -117,7 +118,7 @@ class Client(ClientBase):
         keys: Iterable[str] | None = None,
         data: Any = None,
         **kw: Any,
-    ) -> list[int] | Message:
+    ) -> DeleteAck:
         if filter is not None:
             compile_filter(filter)  # a bad filter is refused before it reaches the log
         return self.transport.sow_delete(topic, filter=filter, keys=keys, data=data, **kw)

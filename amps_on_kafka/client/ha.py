@@ -35,6 +35,7 @@ from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.bookmark_store import BookmarkStore, MemoryBookmarkStore
 from amps_on_kafka.client.client import Client
 from amps_on_kafka.client.kafka_transport import KafkaConfigSource
+from amps_on_kafka.client.message import DeleteAck
 from amps_on_kafka.client.publish_store import MemoryPublishStore, PublishStore, StoredPublish
 from amps_on_kafka.client.stream import Item, MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription
@@ -257,11 +258,11 @@ class HAClient(ClientBase):
         keys: Iterable[str] | None = None,
         data: Any = None,
         **kw: Any,
-    ) -> list[int] | Message:
+    ) -> DeleteAck:
         """A sow_delete goes through the publish store like a publish; returns what
         Client.sow_delete returns (its records are numbered from the stored sequence)."""
         options = {"filter": filter, "keys": list(keys) if keys is not None else None, **kw}
-        result: list[int] | Message = self._send("sow_delete", topic, data, None, options)[1]
+        result: DeleteAck = self._send("sow_delete", topic, data, None, options)[1]
         return result
 
     def _send(
@@ -380,7 +381,11 @@ class HAClient(ClientBase):
         would deliver its first records twice)."""
         return self._with_client(  # type: ignore[no-any-return]
             lambda client: client.sow(
-                topic, filter, order_by=order_by, top_n=top_n, batch_size=batch_size,
+                topic,
+                filter,
+                order_by=order_by,
+                top_n=top_n,
+                batch_size=batch_size,
                 timeout=timeout,
             )
         )

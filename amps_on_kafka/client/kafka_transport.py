@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from amps_on_kafka.broker.probe import require_answer
+from amps_on_kafka.client.message import DeleteAck
 from amps_on_kafka.config.properties import read_properties_file, resolve_all
 from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.log.envelope import Command
@@ -69,8 +70,20 @@ class KafkaTransport:
             return publisher.publish(topic, data, expiration, command, **kw)
         return publisher.publish(topic, data, expiration, command)  # no keyword dict to build
 
-    def sow_delete(self, topic: str, **kw: Any) -> list[int]:
-        return self.publisher.sow_delete(topic, **kw)
+    def sow_delete(
+        self,
+        topic: str,
+        *,
+        correlation_id: str | None = None,
+        timeout: float | None = None,
+        **kw: Any,
+    ) -> DeleteAck:
+        """Written to Kafka, counted by nobody: `matches` is None. `timeout` (how long a
+        tcp:// client waits for the worker's count) is taken so that one call runs on
+        both transports; nothing here waits (publish_flush does)."""
+        written = self.publisher.sow_delete(topic, correlation_id=correlation_id, **kw)
+        first = written[0] if written else None
+        return DeleteAck(topic, first, correlation_id=correlation_id)
 
     def publish_flush(self, timeout: float | None) -> None:
         if self._publisher is not None:

@@ -20,7 +20,7 @@ from amps_on_kafka.log.message import COMPLETED, Completed, LogMessage, Message
 if TYPE_CHECKING:
     from amps_on_kafka.client.acks import AckBatcher
 
-__all__ = ["COMPLETED", "Completed", "GatewayMessage", "LogMessage", "Message"]
+__all__ = ["COMPLETED", "Completed", "DeleteAck", "GatewayMessage", "LogMessage", "Message"]
 
 _UNSET = object()
 
@@ -123,3 +123,66 @@ class GatewayMessage(Message):
     def __repr__(self) -> str:
         where = self.bookmark or self.ack_type or ""
         return f"GatewayMessage({self.command}, {self.topic}, {where})"
+
+
+class DeleteAck(Message):
+    """What `sow_delete` returns on every transport: an ack (command "ack", status
+    "success"; a refused delete raises instead) naming the topic, the sequence number of
+    the first record the delete wrote (the others follow it) and its correlation id.
+
+    Over tcp:// the worker applied the delete before answering: `ack_type` is
+    "processed" and `matches` the number of records deleted. Over kafka:// nothing
+    between the client and the log counts: the records were handed to Kafka
+    (`publish_flush()` waits until they are persisted), `ack_type` and `matches` are None.
+    """
+
+    __slots__ = ("_ack_type", "_correlation_id", "_matches", "_sequence", "_topic")
+
+    def __init__(
+        self,
+        topic: str,
+        sequence: int | None,
+        *,
+        matches: int | None = None,
+        ack_type: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        self._topic = topic
+        self._sequence = sequence
+        self._matches = matches
+        self._ack_type = ack_type
+        self._correlation_id = correlation_id
+
+    @property
+    def command(self) -> str:
+        return "ack"
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def sequence(self) -> int | None:
+        """The first record's sequence number (None when the delete wrote none)."""
+        return self._sequence
+
+    @property
+    def matches(self) -> int | None:
+        """Records deleted, counted by the worker (tcp://); None over kafka://."""
+        return self._matches
+
+    @property
+    def ack_type(self) -> str | None:
+        """ "processed" over tcp:// (the worker applied the delete); None over kafka://."""
+        return self._ack_type
+
+    @property
+    def status(self) -> str:
+        return "success"
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self._correlation_id
+
+    def __repr__(self) -> str:
+        return f"DeleteAck({self._topic}, matches={self._matches}, sequence={self._sequence})"

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from amps_on_kafka.client.acks import AckBatcher
-from amps_on_kafka.client.message import GatewayMessage
+from amps_on_kafka.client.message import DeleteAck, GatewayMessage
 from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
 from amps_on_kafka.client.tls import TlsOptions, TlsSocket
 from amps_on_kafka.errors import (
@@ -216,17 +216,23 @@ class TcpTransport:
         correlation_id: str | None = None,
         timeout: float | None = COMMAND_TIMEOUT,
         sequence: int | None = None,
-    ) -> GatewayMessage:
+    ) -> DeleteAck:
         """Waits for the worker: the processed ack's `matches` is the number deleted."""
         key_list = [str(k) for k in keys] if keys is not None else None
         records = len(key_list) if key_list is not None else MAX_PARTITIONS if data is None else 1
         header: dict[str, Any] = {"c": "sow_delete", "t": topic, "a": "processed"}
         # The gateway numbers each record it writes from this one.
-        header["s"] = self._reserve(records) if sequence is None else sequence
+        first = header["s"] = self._reserve(records) if sequence is None else sequence
         _set(header, f=filter, x=correlation_id, k=key_list)
         payload = _payload(data) if data is not None else b""
-        reply = self._command(header, payload, timeout=timeout)
-        return GatewayMessage("ack", topic, reply.header)
+        reply = self._command(header, payload, timeout=timeout).header
+        return DeleteAck(
+            topic,
+            first,
+            matches=reply.get("matches"),
+            ack_type=reply.get("a"),
+            correlation_id=correlation_id,
+        )
 
     def ack(
         self,
@@ -284,9 +290,7 @@ class TcpTransport:
         records = self._items(
             replies, self._commands, cid, keep=frozenset({"sow"}), until_done=True
         )
-        return MessageStream(
-            records, lambda: self._end(self._commands, cid), idle_timeout=timeout
-        )
+        return MessageStream(records, lambda: self._end(self._commands, cid), idle_timeout=timeout)
 
     def subscribe(
         self,

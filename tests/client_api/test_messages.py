@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from amps_on_kafka import COMPLETED, Message
-from amps_on_kafka.client.message import GatewayMessage
+from amps_on_kafka import COMPLETED, Command, Message
+from amps_on_kafka.client.message import DeleteAck, GatewayMessage
 from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.message import LogMessage
@@ -42,7 +42,9 @@ def every_kind() -> list[Message]:
     return [log, oof, GatewayMessage("ack", "orders", {"a": "processed", "status": "success"})]
 
 
-@pytest.mark.parametrize("message", [*every_kind(), COMPLETED], ids=repr)
+@pytest.mark.parametrize(
+    "message", [*every_kind(), DeleteAck("orders", 5, matches=2), COMPLETED], ids=repr
+)
 def test_every_message_has_every_attribute(message):
     assert isinstance(message, Message)
     values = {name: getattr(message, name) for name in ATTRIBUTES}
@@ -82,9 +84,7 @@ def test_ack_and_discard_say_why_they_do_not_apply():
         oof.ack()
 
 
-def test_bookmark_subscribe_delivers_messages_alike_on_both_transports(
-    uri, connect, topic_factory
-):
+def test_bookmark_subscribe_delivers_messages_alike_on_both_transports(uri, connect, topic_factory):
     """The README's loop runs through COMPLETED; sub_id, publisher_id and sequence are
     there whichever transport delivered the message."""
     topic = topic_factory(1, key=("/id",))
@@ -104,3 +104,36 @@ def test_bookmark_subscribe_delivers_messages_alike_on_both_transports(
             assert message.sequence == sequences[len(seen) - 1]
             assert message.timestamp is not None
     assert seen == [(f"{topic}|0|{n}|", {"id": n}) for n in range(3)] + [(None, None)]
+
+
+@pytest.fixture(params=["kafka", "tcp"])
+def delete_target(request, bootstrap, topic_factory) -> tuple[str, str]:
+    """(uri, topic) of a SOW topic keyed by /id: the log itself, or a worker's gateway."""
+    if request.param == "kafka":
+        return f"kafka://{bootstrap}", topic_factory(2, key=("/id",))
+    served = request.getfixturevalue("served")
+    return served.uri, served.topic
+
+
+def test_sow_delete_returns_one_ack_type_on_both_transports(delete_target, connect):
+    uri, topic = delete_target
+    client = connect(uri)
+    for n in range(4):
+        client.publish(topic, {"id": n, "qty": n * 10})
+    client.publish_flush(30)
+    by_keys = client.sow_delete(topic, keys=["0", "1"], correlation_id="c-1")
+    by_filter = client.sow_delete(topic, "/qty = 20", timeout=30)
+    by_data = client.sow_delete(topic, data={"id": 3})
+    counted = uri.startswith("tcp")
+    for ack, deleted in ((by_keys, 2), (by_filter, 1), (by_data, 1)):
+        assert type(ack) is DeleteAck and isinstance(ack, Message)
+        assert (ack.command, ack.status, ack.topic) == ("ack", "success", topic)
+        assert isinstance(ack.sequence, int)
+        assert ack.matches == (deleted if counted else None)
+        assert ack.ack_type == ("processed" if counted else None)
+    assert by_keys.correlation_id == "c-1" and by_filter.correlation_id is None
+    assert by_keys.sequence < by_filter.sequence < by_data.sequence
+    handled: list[Message] = []
+    command = Command("sow_delete").set_topic(topic).set_filter("/id = 9")
+    client.execute_async(command, handled.append)
+    assert [type(m) for m in handled] == [DeleteAck]

@@ -125,7 +125,7 @@ def test_sow_delete_goes_through_the_publish_store(bootstrap, client, topic_fact
     store = MemoryPublishStore()
     with ha_client(bootstrap, "ha-delete", publish_store=store, flush_every=None) as ha:
         ha.publish(topic, {"id": 1})
-        [first] = ha.sow_delete(topic, keys=["1"])
+        first = ha.sow_delete(topic, keys=["1"]).sequence
         after = ha.publish(topic, {"id": 2})
         assert [e.command for e in store.unpersisted()] == ["publish", "sow_delete", "publish"]
         ha.publish_flush(10)
