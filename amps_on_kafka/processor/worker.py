@@ -154,6 +154,8 @@ class Worker:
         self._next_flush = time.monotonic() + config.state.flush_every
         # each owned partition's log end, as last fetched (lag()); noted by _note_ends
         self._ends: dict[tuple[str, int], int] = {}
+        # each owned partition's offset where the consumer goes on, when known (_note_ends)
+        self._reached: dict[tuple[str, int], int] = {}
         self._next_ends = 0.0
 
     # -- lifecycle ------------------------------------------------------------------
@@ -188,8 +190,19 @@ class Worker:
         """The next offset each owned partition of a topic will apply."""
         with self.engine.lock:
             return {
-                p: self.engine.store(topic, p).next_offset() for p in self.engine.partitions(topic)
-            }  # type: ignore[union-attr]
+                p: self._next_offset(self.engine.store(topic, p))  # type: ignore[arg-type]
+                for p in self.engine.partitions(topic)
+            }
+
+    def _next_offset(self, store: PartitionStore) -> int | None:
+        """The store's offset, or where the consumer goes on in the log when that is
+        further: the records before it were deleted (retention, delete-records) before
+        any worker applied them, or are a transaction's marker. Nothing before it is left
+        to apply, so a partition restored below the log's start with nothing to consume is
+        caught up (wait_caught_up) and has no lag (/ready)."""
+        stored = store.next_offset()
+        reached = self._reached.get((store.topic, store.partition), -1)
+        return reached if reached > (stored or 0) else stored
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Per owned partition, the records between its store and the log end as the
@@ -202,7 +215,9 @@ class Worker:
             for store in self.engine.stores():
                 end = ends.get((store.topic, store.partition))
                 if end is not None:
-                    lags[(store.topic, store.partition)] = max(0, end - (store.next_offset() or 0))
+                    lags[(store.topic, store.partition)] = max(
+                        0, end - (self._next_offset(store) or 0)
+                    )
         return lags
 
     def _note_ends(self) -> None:
@@ -215,13 +230,23 @@ class Worker:
         if now < self._next_ends and all((s.topic, s.partition) in known for s in stores):
             return
         self._next_ends = now + ENDS_EVERY
-        consumer, ends = self._group_consumer, {}
+        consumer, ends, reached = self._group_consumer, {}, {}
         for store in stores:
             tp = TopicPartition(self._consumed(store.topic), store.partition)
-            _, end = consumer.get_watermark_offsets(tp, cached=True)  # type: ignore[union-attr]
+            start, end = consumer.get_watermark_offsets(tp, cached=True)  # type: ignore[union-attr]
+            key = (store.topic, store.partition)
             if end >= 0:
-                ends[(store.topic, store.partition)] = end
-        self._ends = ends
+                ends[key] = end
+            reached[key] = max(start, self._position(tp))
+        self._ends, self._reached = ends, reached
+
+    def _position(self, tp: TopicPartition) -> int:
+        """The consumer's position in a partition (negative when unknown: nothing consumed
+        since it was assigned). Not a held partition's: it was rewound to a batch that
+        is not applied."""
+        if (tp.topic, tp.partition) in self._held:
+            return -1
+        return self._group_consumer.position([tp])[0].offset  # type: ignore[union-attr]
 
     def wait_caught_up(
         self, topic: str, ends: dict[int, int], timeout: float = 60.0, owned_only: bool = False

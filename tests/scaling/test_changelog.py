@@ -311,7 +311,8 @@ def test_records_deleted_before_any_worker_applied_them_are_reported_not_lost_si
     bootstrap, sow_topic, client, run_worker, tmp_path, caplog
 ):
     """The changelog only has what a worker applied: records that retention deleted before
-    any worker read them are gone from both. The worker says which, and counts them."""
+    any worker read them are gone from both. The worker says which, and counts them; with
+    nothing left to consume, it is caught up at the log's end and has no lag (/ready)."""
     for i in range(10):
         client.publish(sow_topic, {"id": i, "v": i})
     client.publish_flush(10)
@@ -321,3 +322,6 @@ def test_records_deleted_before_any_worker_applied_them_are_reported_not_lost_si
     until(lambda: worker.rejected["lost_to_retention"] == 10, "the lost records not counted")
     lost = [r.getMessage() for r in caplog.records if "deleted from the log" in r.getMessage()]
     assert len(lost) == 2 and all("not in the SOW" in line for line in lost)
+    worker.wait_caught_up(sow_topic, end_offsets(bootstrap, sow_topic), 10)
+    assert worker.next_offsets(sow_topic) == end_offsets(bootstrap, sow_topic)
+    until(lambda: worker.lag() == {(sow_topic, 0): 0, (sow_topic, 1): 0}, "a lag left")
