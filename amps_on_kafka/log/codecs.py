@@ -4,9 +4,10 @@ JSON is the default (orjson); Avro uses a schema named in the topic's configurat
 binary is opaque bytes. `encode` takes structured data (a dict); `encode_payload`
 also takes bytes the caller already encoded and validates them by decoding, so a bad
 payload is refused before it reaches the log instead of being skipped by every
-consumer after it. Text (`str`) for an Avro topic is JSON, as users write it (the CLI, a
-shell pipe, the gateway's wire): it is parsed and encoded with the topic's schema, while
-bytes are taken as Avro already.
+consumer after it. A payload in text or bytes for an Avro topic is JSON, as users write
+it (the CLI, a shell pipe, the gateway's wire): it is parsed and encoded with the topic's
+schema (`avro_document`). Bytes mean the same on kafka:// as on tcp://, whose wire can't
+tell JSON bytes from Avro ones, so Avro already encoded is refused alike on both.
 """
 
 from __future__ import annotations
@@ -135,14 +136,27 @@ def codec_for(message_type: str, schema: dict[str, Any] | None = None) -> Codec:
     raise MessageError(f"unknown message type {message_type!r} (json, avro or binary)")
 
 
+def avro_document(payload: str | bytes | bytearray | memoryview) -> Any:
+    """An Avro topic's payload given as text or bytes: JSON, to be encoded with the
+    topic's schema. One error for every path (kafka://, the gateway, the CLI)."""
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise MessageError(
+            f"payload for an Avro topic is not valid JSON ({exc}): publish the record as a "
+            "dict or JSON text, which is encoded with the topic's schema (Avro bytes "
+            "already encoded are not taken)"
+        ) from None
+
+
 def encode_payload(codec: Codec, data: Any) -> tuple[bytes, Any]:
     """The record value and the decoded document (for SOW keys) of a payload."""
     if type(data) is dict:  # the common case first: one type check per message
         return codec.encode(data), data
+    if isinstance(data, str | bytes | bytearray | memoryview) and codec.message_type == "avro":
+        document = avro_document(data)
+        return codec.encode(document), document
     if isinstance(data, str):
-        if codec.message_type == "avro":  # JSON text, encoded with the topic's schema
-            document = JSON.decode(data.encode())
-            return codec.encode(document), document
         data = data.encode()
     if isinstance(data, bytes | bytearray | memoryview):
         raw = bytes(data)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from amps_on_kafka.errors import PublishError
-from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.codecs import avro_document
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
@@ -312,7 +312,7 @@ class Writes:
 
 def publish_data(spec: TopicSpec, payload: bytes) -> Any:
     """The wire carries JSON: an Avro topic's publisher encodes the decoded document."""
-    return JSON.decode(payload) if spec.message_type == "avro" else payload
+    return avro_document(payload) if spec.message_type == "avro" else payload
 
 
 async def publish(session: Session, request: Request) -> None:

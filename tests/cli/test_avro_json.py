@@ -7,7 +7,8 @@ import orjson
 import pytest
 
 from amps_on_kafka.client import Client
-from amps_on_kafka.errors import PublishError
+from amps_on_kafka.errors import MessageError, PublishError
+from amps_on_kafka.log.codecs import AvroCodec
 from tests.cli.test_cli import lines
 from tests.server.conftest import bare_gateway, client_to
 
@@ -64,3 +65,26 @@ def test_json_for_an_avro_topic_over_tcp(run, bare_gateway, client_to, topic_fac
         {"sym": "IBM", "qty": 100, "px": 120.5},
         {"sym": "MSFT", "qty": 5, "px": None},
     ]
+
+
+@pytest.mark.parametrize("transport", ["kafka", "tcp"])
+def test_bytes_for_an_avro_topic_mean_the_same_on_both_transports(
+    transport, run, bootstrap, request, topic_factory
+):
+    """JSON bytes are taken and Avro bytes refused, with one error, whichever transport."""
+    topic = topic_factory(message_type="avro", schema=TRADE)
+    with Client(f"avro-bytes-{transport}") as client:
+        if transport == "kafka":
+            client.connect(f"kafka://{bootstrap}")
+        else:
+            client.connect(f"tcp://{request.getfixturevalue('bare_gateway').address}/amps/json")
+        client.logon(30)
+        client.publish(topic, b'{"sym": "IBM", "qty": 100}')
+        client.publish_flush(10)
+        avro = AvroCodec(TRADE).encode({"sym": "MSFT", "qty": 5, "px": None})
+        refused = "payload for an Avro topic is not valid JSON .* are not taken"
+        with pytest.raises((MessageError, PublishError), match=refused):
+            client.publish(topic, avro)  # kafka:// refuses here, tcp:// at the flush
+            client.publish_flush(10)
+    replayed = [r["data"] for r in lines(run("replay", topic, "--bookmark", "0").output)]
+    assert replayed == [{"sym": "IBM", "qty": 100, "px": None}]
