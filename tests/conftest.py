@@ -11,15 +11,21 @@ import contextlib
 import gc
 import os
 import re
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
 from amps_on_kafka.broker.resolve import BOOTSTRAP_ENV
-from amps_on_kafka.broker.testing import kafka_for_tests
+from amps_on_kafka.broker.testing import free_ports, kafka_for_tests
+
+if TYPE_CHECKING:
+    from amps_on_kafka.broker.local import LocalBroker
 
 ADMIN_TIMEOUT = 30.0
 _shared_broker = contextlib.ExitStack()
@@ -57,6 +63,23 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.delete_topics(names, operation_timeout=ADMIN_TIMEOUT)
     concurrent.futures.wait(futures.values(), timeout=ADMIN_TIMEOUT)
+
+
+@pytest.fixture
+def private_broker() -> Iterator[LocalBroker]:
+    """A broker of the test's own, started, for a test that stops it: the shared one is
+    never stopped. Stopped and its files removed when the test ends."""
+    from amps_on_kafka.broker.local import LocalBroker
+
+    data_dir = Path(tempfile.mkdtemp(prefix="amps-private-"))
+    port, controller_port = free_ports(2)
+    local = LocalBroker(data_dir, port=port, controller_port=controller_port)
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

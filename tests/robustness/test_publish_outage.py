@@ -18,20 +18,13 @@ stopped until publishes start failing, then started again. Afterwards:
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
-import pytest
 
-from amps_on_kafka.broker.local import LocalBroker
-from amps_on_kafka.broker.testing import free_ports
 from amps_on_kafka.config import Config
 from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.log import publisher
@@ -48,19 +41,6 @@ TOPIC = "outage-storm"
 TIMEOUT = 3.0  # the gateway's PublishTimeout
 BUDGET = 300  # its MaxPublishesInFlight
 WAIT = 120.0
-
-
-@pytest.fixture
-def broker() -> Iterator[LocalBroker]:
-    data_dir = Path(tempfile.mkdtemp(prefix="amps-outage-"))
-    port, controller_port = free_ports(2)
-    local = LocalBroker(data_dir, port=port, controller_port=controller_port)
-    local.start()
-    try:
-        yield local
-    finally:
-        local.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 class Storm:
@@ -132,7 +112,10 @@ def heartbeats_during(address: str, seconds: float) -> list[float]:
         bystander.close()
 
 
-def test_a_broker_outage_under_a_publish_storm_loses_nothing_acknowledged(broker, monkeypatch):
+def test_a_broker_outage_under_a_publish_storm_loses_nothing_acknowledged(
+    private_broker, monkeypatch
+):
+    broker = private_broker
     monkeypatch.setattr(publisher, "PARTITION_COUNT_TTL", 6.0)
     bootstrap = broker.start()
     create_topic(bootstrap, TopicSpec(TOPIC, 1, key=("/id",)))

@@ -210,7 +210,9 @@ def test_three_workers_answer_for_the_whole_topic_through_kills(bootstrap, topic
 
         rounds = storm.rounds
         for victim in victims:
+            deadline = time.monotonic() + DEADLINE
             while storm.rounds < rounds + 2:  # some storm before each kill
+                assert storm.thread.is_alive() and time.monotonic() < deadline, "storm stalled"
                 time.sleep(0.1)
             victim.kill()
             settled(survivor.address, topic)  # type: ignore[arg-type]
