@@ -53,6 +53,7 @@ class Client(ClientBase):
         are resolved (docs/config.md, Connecting to a secured Kafka).
         """
         endpoint = parse_uri(uri)
+        self.__dict__.pop("publish", None)  # bound to the previous transport's publisher
         if endpoint.scheme == "kafka":
             bootstrap = secured(endpoint.address, kafka_config)
             self._transport = KafkaTransport(bootstrap, self.name)
@@ -91,6 +92,7 @@ class Client(ClientBase):
 
     def close(self) -> None:
         self._handlers.stop()
+        self.__dict__.pop("publish", None)  # publishing again says: not connected
         if self._transport is not None:
             transport, self._transport = self._transport, None
             transport.close()
@@ -100,10 +102,14 @@ class Client(ClientBase):
 
     # -- publishing ----------------------------------------------------------------
     def publish(self, topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
+        """On kafka://, the first call binds the publisher's own publish_document over
+        this method on the instance, so that every later one is a single Python frame
+        before Kafka's produce (docs/performance.md); connect() and close() unbind it."""
         transport = self._transport or self.transport  # the property: an error unconnected
-        if kw:
-            return transport.publish(topic, data, expiration, Command.PUBLISH, **kw)
-        return transport.publish(topic, data, expiration, Command.PUBLISH)  # no dict to unpack
+        if isinstance(transport, KafkaTransport):
+            publish = self.__dict__["publish"] = transport.publisher.publish_document
+            return publish(topic, data, expiration, **kw)
+        return transport.publish(topic, data, expiration, Command.PUBLISH, **kw)
 
     def delta_publish(
         self, topic: str, data: Any, expiration: float | None = None, **kw: Any

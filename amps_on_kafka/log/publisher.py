@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from amps_on_kafka.errors import MessageError, PublishError
-from amps_on_kafka.log.codecs import encode_payload
+from amps_on_kafka.log.codecs import JsonCodec, encode_payload
 from amps_on_kafka.log.envelope import (
     H_PUBLISHER,
     H_SEQUENCE,
@@ -29,7 +30,7 @@ from amps_on_kafka.log.envelope import (
     command_headers,
 )
 from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER, log_producer, partitions_of
-from amps_on_kafka.log.keys import partition_for
+from amps_on_kafka.log.keys import KeyExtractor, partition_for
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 from amps_on_kafka.log.topics import H_TARGET_PARTITION, repartition_topic
 
@@ -40,6 +41,9 @@ POLL_EVERY = 500  # serve delivery callbacks every so many produces, not on each
 PARTITION_COUNT_TTL = 30.0
 
 Persisted = Callable[[PublishError | None, Message], None]
+# A topic as LogPublisher.publish_document writes to it: its name, its key extractor, and
+# the partition count its keyed records are checked against (0: no check).
+Route = tuple[str, KeyExtractor | None, int]
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,9 @@ class LogPublisher:
         self._producer = producer if producer is not None else log_producer(bootstrap, **config)
         self._produce_call = self._producer.produce  # bound once, not per record
         self._closed = False
+        self._delivery = _delivery_type(self._delivered)
+        self._routes: dict[str, Route | None] = {}
+        self.publish_document = self._document_publisher()
 
     def spec(self, topic: str) -> TopicSpec:
         spec = self._specs.get(topic)
@@ -160,6 +167,68 @@ class LogPublisher:
         partition = self._partition(spec, key)
         self._produce(spec.name, key, value, headers, sequence, on_persisted, partition)
         return sequence
+
+    def _document_publisher(self) -> Callable[..., int]:
+        """`publish(topic, data, expiration=None, **kw)` in one Python frame for the
+        common case — a dict published to a JSON topic whose SOW key (if any) is placed by
+        the producer's own partitioner, with no expiration and no options — and through
+        publish() for anything else (docs/performance.md: the call layers and per-record
+        objects of the general path cost as much as produce itself).
+
+        It writes the record publish() would: the same headers, key, partition check and
+        delivery report.
+        """
+        general, routes, route_of = self.publish, self._routes, self._route
+        produce, counts, monotonic = self._produce_call, self._counts, time.monotonic
+        dumps, sequences, publisher = orjson.dumps, self._sequences, self._publisher_header
+        delivery, poll = self._delivery, self._producer.poll
+
+        def publish(topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
+            route = routes[topic] if topic in routes else route_of(topic)
+            if route is None or kw or expiration is not None or type(data) is not dict:
+                return general(topic, data, expiration, **kw)
+            name, extract, partitions = route
+            try:
+                value = dumps(data)
+            except TypeError:
+                return general(topic, data)  # raises the codec's MessageError
+            sequence = next(sequences)
+            if extract is None:
+                key = None
+                headers = [publisher, (H_SEQUENCE, b"%d" % sequence)]
+            else:
+                key = extract(data)
+                headers = [publisher, (H_SEQUENCE, b"%d" % sequence), (H_SOW_KEY, key.encode())]
+                if partitions:  # the count Kafka has, refreshed as _partition does
+                    cached = counts.get(name)
+                    if cached is None or cached[1] <= monotonic() or cached[0] != partitions:
+                        self._partition(self.spec(topic), key)  # refused if it changed
+            try:
+                produce(name, value, key, headers=headers, on_delivery=delivery(sequence))
+            except (BufferError, KafkaException):  # full, or refused: the general handling
+                self._produce(name, key, value, headers, sequence, None)
+                return sequence
+            if not sequence % POLL_EVERY:
+                poll(0)
+            return sequence
+
+        return publish
+
+    def _route(self, topic: str) -> Route | None:
+        """What publish_document needs of a topic (name, key extractor, partition count
+        to check), or None when its publishes take the general path."""
+        spec = self.spec(topic)
+        extract = spec.key_extractor
+        keyed = extract is not None and not spec.repartition
+        route: Route | None = (spec.name, extract, spec.partitions if keyed else 0)
+        if (
+            type(spec.codec) is not JsonCodec
+            or (extract is None and spec.key_from_publish)
+            or (keyed and spec.partitioner != PRODUCER_PARTITIONER)
+        ):
+            route = None
+        self._routes[topic] = route
+        return route
 
     def sow_delete(
         self,
@@ -323,7 +392,7 @@ class LogPublisher:
         on_persisted: Persisted | None,
         partition: int | None = None,
     ) -> None:
-        delivered = _Delivery(self, sequence)  # a failure must name its publish
+        delivered = self._delivery(sequence)  # a failure must name its publish
         if on_persisted is None:
             callback = delivered
         elif self.report_successes:
@@ -397,23 +466,26 @@ class LogPublisher:
         self._producer.close()
 
 
-class _Delivery:
-    """The delivery report callback of one record: `publisher._delivered(sequence, ...)`.
+def _delivery_type(
+    delivered: Callable[[int, KafkaError | None, Message], None],
+) -> Callable[[int], Callable[[KafkaError | None, Message], None]]:
+    """The type of a publisher's delivery report callbacks: `Delivery(sequence)` is the
+    sequence itself, an int, that calls `delivered(sequence, error, message)`.
 
-    librdkafka holds it until Kafka answers, so up to a million are alive at once. One
-    object with slots, where a partial of a bound method is three (partial, method, args
-    tuple) for the garbage collector to count and walk: its gen-0 passes, triggered by
-    those survivors, cost a publisher 15-25% of its time (docs/performance.md).
+    librdkafka holds one per record until Kafka answers, so up to a million are alive at
+    once. Made by int's constructor in C, it costs a publish less than a slotted object
+    with a Python __init__, or a partial (two objects for the garbage collector to count:
+    its gen-0 passes, triggered by those survivors, cost a publisher 15-25% of its time;
+    docs/performance.md).
     """
 
-    __slots__ = ("publisher", "sequence")
+    class Delivery(int):
+        __slots__ = ()
 
-    def __init__(self, publisher: LogPublisher, sequence: int) -> None:
-        self.publisher = publisher
-        self.sequence = sequence
+        def __call__(self, error: KafkaError | None, message: Message) -> None:
+            delivered(int(self), error, message)
 
-    def __call__(self, error: KafkaError | None, message: Message) -> None:
-        self.publisher._delivered(self.sequence, error, message)
+    return Delivery
 
 
 def _chain(
