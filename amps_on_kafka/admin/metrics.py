@@ -66,6 +66,11 @@ def _worker(worker: dict[str, Any]) -> Iterator[Metric]:
         "Dead letters Kafka did not acknowledge (the partition waits and retries)",
         worker["dead_letter_failures"],
     )
+    yield _counter(
+        "amps_changelog_failures",
+        "Changelog transactions aborted or failed (the batch waits and is tried again)",
+        worker["changelog_failures"],
+    )
     rejected = CounterMetricFamily(
         "amps_records_rejected",
         "Log records the SOW refused, by reason and by what became of them",
@@ -76,7 +81,8 @@ def _worker(worker: dict[str, Any]) -> Iterator[Metric]:
             rejected.add_metric([reason, outcome], count)
     yield rejected
     yield GaugeMetricFamily(
-        "amps_worker_up", "1 while the worker's loop runs, 0 once it failed",
+        "amps_worker_up",
+        "1 while the worker's loop runs, 0 once it failed",
         0 if worker["failed"] else 1,
     )
 

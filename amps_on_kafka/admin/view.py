@@ -116,6 +116,7 @@ def worker_view(worker: Worker) -> dict[str, Any]:
         "dead_lettered": dict(dead),
         "skipped": {reason: n - dead[reason] for reason, n in rejected.items() if n > dead[reason]},
         "dead_letter_failures": worker.dead_letter_failures,
+        "changelog_failures": worker.changelog_failures,
         "failed": _failure(worker),
     }
 

@@ -149,6 +149,7 @@ class Changelog:
             }
         )
         self._ready = False
+        self.failures = 0  # transactions that aborted or failed (admin metrics)
 
     def send(
         self,
@@ -184,6 +185,7 @@ class Changelog:
                 )
             producer.commit_transaction(COMMIT_TIMEOUT)
         except (KafkaException, BufferError) as exc:
+            self.failures += 1
             self._abort(exc)
             raise ChangelogFailed(
                 f"changelog {name}|{partition} not written ({exc}): the batch waits"

@@ -129,7 +129,8 @@ class Worker:
             QueueEngine(config, bootstrap, self.state_dir, clock=clock) if config.queues else None
         )
         # Records refused since start, by category (state/sow.py `_kind`): misplaced_key,
-        # bad_envelope, bad_filter, bad_record, apply_error.
+        # bad_envelope, bad_filter, bad_record, apply_error; lost_to_retention: deleted
+        # from the log before any worker applied them (_report_lost_to_retention).
         self.rejected: Counter[str] = Counter()
         self.dead_lettered: Counter[str] = Counter()  # those of them written to a dead letter
         self.expired = 0  # SOW records expired since start
@@ -185,6 +186,11 @@ class Worker:
                 raise TransportError(f"worker not ready after {timeout}s (no partitions assigned)")
         if self.queues is not None:
             self.queues.wait_ready(timeout)
+
+    @property
+    def changelog_failures(self) -> int:
+        """Changelog transactions that aborted or failed since start."""
+        return 0 if self._changelog is None else self._changelog.failures
 
     def next_offsets(self, topic: str) -> dict[int, int | None]:
         """The next offset each owned partition of a topic will apply."""
@@ -549,7 +555,7 @@ class Worker:
         self, store: PartitionStore, changes: Iterable[Entry], next_offset: int | None
     ) -> None:
         """With a changelog, a batch is committed to it before the store is written:
-        ChangelogFailed otherwise, and the store is left as it was."""
+        ChangelogFailed otherwise (counted), and the store is left as it was."""
         if self._changelog is not None and store.topic in self._changelogged:
             member, consumed = self._group_consumer, self._consumed(store.topic)
             self._changelog.send(store, changes, next_offset, member, consumed)  # type: ignore[arg-type]
@@ -763,7 +769,9 @@ class Worker:
             wait,
             error,
             extra={
-                "event": "dead_letter_failed",
+                "event": "changelog_failed"
+                if isinstance(error, ChangelogFailed)
+                else "dead_letter_failed",
                 "topic": topic,
                 "partition": partition,
                 "offset": offset,

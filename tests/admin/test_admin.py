@@ -34,6 +34,7 @@ EVERY_METRIC = {
     "amps_records_applied_total",
     "amps_sow_expired_total",
     "amps_dead_letter_failures_total",
+    "amps_changelog_failures_total",
     "amps_records_rejected_total",
     "amps_worker_up",
     "amps_partition_applied_offset",
@@ -243,8 +244,13 @@ def test_status_page_in_a_headless_browser(operated: Operated, tmp_path):
     if browser is None:
         pytest.skip("chromium is not installed (scripts/bootstrap.sh installs it)")
     flags = [
-        browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=3000",
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=3000",
     ]
     with Client("admin-page") as client:  # traffic while the page samples
         client.connect(operated.uri)
@@ -256,7 +262,10 @@ def test_status_page_in_a_headless_browser(operated: Operated, tmp_path):
         def drawn() -> str | None:
             dom = subprocess.run(
                 [*flags, "--dump-dom", operated.url + "/"],
-                capture_output=True, text=True, timeout=60, check=True,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
             ).stdout
             found = re.search(r'data-points="(\d+)"', dom)
             return dom if found and int(found.group(1)) >= 3 else None
@@ -266,7 +275,9 @@ def test_status_page_in_a_headless_browser(operated: Operated, tmp_path):
     shot = tmp_path / "status.png"
     subprocess.run(
         [*flags, "--window-size=1200,900", f"--screenshot={shot}", operated.url + "/"],
-        capture_output=True, timeout=60, check=True,
+        capture_output=True,
+        timeout=60,
+        check=True,
     )
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000

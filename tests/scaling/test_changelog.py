@@ -256,7 +256,9 @@ def test_a_member_the_group_dropped_commits_no_batch(bootstrap, sow_topic, tmp_p
     try:
         with pytest.raises(ChangelogFailed, match="UNKNOWN_MEMBER_ID"):
             changelog.send(store, record, 4, stale, sow_topic)  # type: ignore[arg-type]
+        assert changelog.failures == 1  # Worker.changelog_failures, in the admin metrics
         changelog.send(store, record, 4, current, sow_topic)
+        assert changelog.failures == 1
     finally:
         changelog.close()
         current.close()
