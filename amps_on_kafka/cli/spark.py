@@ -11,6 +11,7 @@ sow orders --as-of ... --out ...` (the master then comes from spark-submit).
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -186,13 +187,15 @@ def _check_out(out: str, overwrite: bool) -> None:
 
 @contextmanager
 def _session(master: str | None) -> Iterator[SparkSession]:
-    """The job's session; a failed Spark job becomes a clear error, not a JVM traceback."""
+    """The job's session; a failed Spark job becomes a clear error, not a JVM traceback.
+    The progress bar is for a person watching: redrawn with carriage returns, it would
+    clutter a script's or a log's capture of stderr."""
     from pyspark.errors import PySparkException
 
     from amps_on_kafka.spark.session import spark_session
 
     try:
-        with spark_session(master) as session:
+        with spark_session(master, progress=sys.stderr.isatty()) as session:
             yield session
     except PySparkException as exc:
         raise click.ClickException(f"the Spark job failed: {exc}") from exc

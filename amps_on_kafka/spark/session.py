@@ -11,12 +11,14 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from amps_on_kafka.config.properties import SECRET_KEY
 
 DEFAULT_MASTER = "local[*]"
+LOG4J = (Path(__file__).parent / "log4j2.properties").as_uri()  # the local JVM's log config
 _SUBMITTED = "PYSPARK_GATEWAY_PORT"  # set by spark-submit for the Python driver it starts
 
 
@@ -77,6 +79,9 @@ def _builder(
     if master is not None and master.startswith("local"):
         _use_this_machine()
         settings["spark.ui.enabled"] = "false"  # no web server for a job on this machine
+        # The JVM starts here: its log is ours (warnings only, no banner); default, not
+        # extra, Java options, so a user's own extraJavaOptions still apply after it.
+        settings["spark.driver.defaultJavaOptions"] = f"-Dlog4j2.configurationFile={LOG4J}"
     if shuffle_partitions is not None:
         settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     builder = SparkSession.builder.appName(app_name)

@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config, load_config
 from amps_on_kafka.expr import compile_filter
-from amps_on_kafka.log.kafka import end_offsets
+from amps_on_kafka.log.kafka import client_config, end_offsets
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.worker import Worker, now_ms
 from tests.conftest import create_topic, delete_topics
@@ -187,13 +187,6 @@ def _phase_two(client: Client, bootstrap: str, topic: str) -> None:
 
 def _bad_record(bootstrap: str, topic: str) -> None:
     """A record whose envelope doesn't decode: the worker and the job must both skip it."""
-    producer = Producer({"bootstrap.servers": bootstrap})
+    producer = Producer(client_config(bootstrap))  # its log through Python logging
     producer.produce(topic, b'{"id": 0}', partition=0, headers=[("c", b"bogus")])
     assert producer.flush(10) == 0
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # PySpark 4.x warns about pandas 3 whenever it checks for pandas; only Arrow is used here.
-    config.addinivalue_line(
-        "filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning"
-    )

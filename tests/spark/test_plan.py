@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import Producer
 
 from amps_on_kafka.errors import InvalidBookmark, UnknownTopic
+from amps_on_kafka.log.kafka import client_config
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.spark.plan import plan_as_of, plan_range
 from tests.spark.conftest import wait_until
@@ -41,7 +42,7 @@ def test_as_of_a_list_stops_after_each_bookmark(bootstrap, history):
 
 def test_one_bookmark_cuts_the_other_partitions_at_its_moment(bootstrap, topic_factory):
     topic = topic_factory(partitions=2, key=("/id",))
-    producer = Producer({"bootstrap.servers": bootstrap})
+    producer = Producer(client_config(bootstrap))  # its log through Python logging
 
     def produce(partition: int) -> int:
         producer.produce(topic, b'{"id": 1}', partition=partition)
