@@ -36,7 +36,12 @@ def test_the_wheel_carries_its_license_and_classifiers(wheel: Path) -> None:
     assert "License-Expression: Apache-2.0" in text
     assert "Classifier: Typing :: Typed" in text
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    for data in ("amps_on_kafka/py.typed", "amps_on_kafka/admin/status.html"):
+    shipped = (
+        "amps_on_kafka/py.typed",
+        "amps_on_kafka/admin/status.html",
+        "amps_on_kafka/spark/log4j2.properties",  # the local Spark JVM's log config
+    )
+    for data in shipped:
         assert data in names, f"{data} missing from the wheel"
 
 
