@@ -212,7 +212,12 @@ class Gateway:
 
     async def authenticate(self, credentials: Credentials) -> Identity:
         """Who the logon is (LogonFailed if nobody), after the wait that failed logons for
-        its user or from its address impose (security/auth.py, Throttle)."""
+        its user or from its address impose (security/auth.py, Throttle). A logon with no
+        password guesses nothing (anonymous, or a certificate TLS already verified): it
+        is not throttled, so clients sharing an address (a NAT, the workers of one host)
+        opening connections in parallel are not refused as if they had failed."""
+        if credentials.password is None:  # no hash to check either: on the loop
+            return self._audited(credentials, self.security.authentication.authenticate)
         throttle = self.security.throttle
         keys = [f"address {credentials.address}"]
         if credentials.user is not None:
@@ -226,10 +231,25 @@ class Gateway:
             await asyncio.sleep(wait)
         try:
             identity = await self.loop.run_in_executor(
-                self._auth_pool, self.security.authentication.authenticate, credentials
+                self._auth_pool,
+                self._audited,
+                credentials,
+                self.security.authentication.authenticate,
             )
-        except LogonFailed as exc:
+        except LogonFailed:
             throttle.failed(keys)
+            raise
+        throttle.succeeded(f"user {credentials.user}", *keys)
+        return identity
+
+    @staticmethod
+    def _audited(
+        credentials: Credentials, authenticate: Callable[[Credentials], Identity]
+    ) -> Identity:
+        """`authenticate(credentials)`, its outcome written to the audit log."""
+        try:
+            identity = authenticate(credentials)
+        except LogonFailed as exc:
             audit.warning(
                 "logon failed: user=%r address=%s reason=%s",
                 credentials.user,
@@ -237,7 +257,6 @@ class Gateway:
                 exc.reason,
             )
             raise
-        throttle.succeeded(f"user {credentials.user}", *keys)
         audit.info(
             "logon: user=%r method=%s address=%s",
             identity.user,

@@ -267,6 +267,25 @@ def test_logons_one_after_another_from_one_address_are_not_slowed() -> None:
         throttle.succeeded(f"user app-{n}", *keys)
 
 
+def test_logons_without_a_password_in_parallel_are_not_throttled(target: Target) -> None:
+    """Found in a multi-worker run: anonymous logons opened at once from one address (a
+    NAT, the workers of one host) were refused as "too many failed logons", none having
+    failed. Nothing secret is checked in them: they are answered, whatever they are, and
+    leave the address free for a password logon right after."""
+    wires = [Wire(target.address) for _ in range(24)]
+    try:
+        for n, wire in enumerate(wires):  # all sent before any is answered
+            wire.send({"c": "logon", "cid": "l", "client_name": f"anon-{n}"})
+        replies = [wire.until(lambda f: f.header.get("cid") == "l")[-1].header for wire in wires]
+    finally:
+        for wire in wires:
+            wire.close()
+    reasons = {reply.get("reason", "") for reply in replies}
+    assert not any("too many failed logons" in reason for reason in reasons), reasons
+    assert {reply["status"] for reply in replies} == {"failure"}  # no Anonymous here
+    _logon(target, "dave").close()  # not made to wait
+
+
 def test_a_refusal_is_answered_after_the_delay_not_at_once() -> None:
     throttle = Throttle(0.5, 2.0, Clock())
     for _ in range(3):
