@@ -154,9 +154,7 @@ class PeerAuthenticator:
 class Authentication:
     """The configured authenticators, in order, then anonymous if allowed."""
 
-    def __init__(
-        self, authenticators: Sequence[Authenticator], *, anonymous: bool
-    ) -> None:
+    def __init__(self, authenticators: Sequence[Authenticator], *, anonymous: bool) -> None:
         self.authenticators = tuple(authenticators)
         self.anonymous = anonymous
 
@@ -239,9 +237,12 @@ class Throttle:
             return 0.0
         return min(self.base * 2 ** min(failures - 1, 64), self.cap)
 
-    def reserve(self, keys: Sequence[str]) -> float:
+    def reserve(self, keys: Sequence[str], spaced: bool = True) -> float:
         """Seconds this attempt must wait before it is tried; Throttled when that would
-        be more than `cap`. Every attempt reserved ends with failed() or succeeded()."""
+        be more than `cap`. Every attempt reserved ends with failed() or succeeded(),
+        given the same `spaced`. An attempt not `spaced` waits for its keys' failures
+        but is not counted in flight: another gateway's peer logons (one per query leg,
+        many at once from one address), whose secret no person chose."""
         now = self.clock()
         self._forget_old(now)
         entries = [self._touched(key, now) for key in keys]
@@ -256,7 +257,7 @@ class Throttle:
         if first.refused > 1:
             audit.warning("%d more logons refused untried: %s", first.refused - 1, ", ".join(keys))
         first.refused = 0
-        for entry in entries:
+        for entry in entries if spaced else ():
             extra = max(0, entry.in_flight(now) + 1 - FREE_ATTEMPTS)
             entry.tried.append(start)
             entry.next_allowed = max(entry.next_allowed, start + self.delay(entry.count + extra))
@@ -269,12 +270,13 @@ class Throttle:
         self._keys[key] = entry
         return entry
 
-    def failed(self, keys: Sequence[str]) -> None:
+    def failed(self, keys: Sequence[str], spaced: bool = True) -> None:
         now = self.clock()
         self._forget_old(now)
         for key in keys:
             entry = self._touched(key, now)
-            _end_attempt(entry)
+            if spaced:
+                _end_attempt(entry)
             entry.count += 1
             entry.next_allowed = max(entry.next_allowed, now + self.delay(entry.count))
 

@@ -31,6 +31,7 @@ from amps_on_kafka.security.auth import Credentials, Identity, LogonFailed, Thro
 from amps_on_kafka.security.entitlements import Denied
 from amps_on_kafka.security.policy import PeerAccess, Security
 from amps_on_kafka.security.tls import server_context
+from amps_on_kafka.security.users import PEER_USER
 from amps_on_kafka.server.cluster import Cluster
 from amps_on_kafka.server.fanout import Fanout
 from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump, PublishBudget
@@ -222,8 +223,9 @@ class Gateway:
         keys = [f"address {credentials.address}"]
         if credentials.user is not None:
             keys.append(f"user {credentials.user}")
+        spaced = credentials.user != PEER_USER  # one peer logon per query leg (Throttle)
         try:
-            wait = throttle.reserve(keys)
+            wait = throttle.reserve(keys, spaced)
         except Throttled as exc:
             await asyncio.sleep(exc.pause)  # refused, but not at once (auth.py, Throttled)
             raise
@@ -237,9 +239,9 @@ class Gateway:
                 self.security.authentication.authenticate,
             )
         except LogonFailed:
-            throttle.failed(keys)
+            throttle.failed(keys, spaced)
             raise
-        throttle.succeeded(f"user {credentials.user}", *keys)
+        throttle.succeeded(f"user {credentials.user}", *(keys if spaced else ()))
         return identity
 
     @staticmethod

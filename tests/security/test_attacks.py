@@ -286,6 +286,29 @@ def test_logons_without_a_password_in_parallel_are_not_throttled(target: Target)
     _logon(target, "dave").close()  # not made to wait
 
 
+def test_peer_logons_in_parallel_are_not_spaced_but_a_wrong_secret_still_counts(
+    target: Target,
+) -> None:
+    """A gateway opens a peer link for each leg of a query spread over workers: many at
+    once from one address under load. They were spaced as a password burst, delays
+    doubling past two in flight, until queries were refused. A wrong peer secret is
+    still a failed logon, which slows the next attempt."""
+    wires = [Wire(target.address) for _ in range(24)]
+    try:
+        for n, wire in enumerate(wires):
+            header = {"c": "logon", "cid": "l", "client_name": f"peer-{n}"}
+            wire.send({**header, "user_id": "_peer", "pw": PEER_SECRET})
+        replies = [wire.until(lambda f: f.header.get("cid") == "l")[-1].header for wire in wires]
+    finally:
+        for wire in wires:
+            wire.close()
+    assert [reply["status"] for reply in replies] == ["success"] * len(wires), replies
+    throttle = Throttle(0.5, 30.0, Clock())
+    throttle.reserve(["address x", "user _peer"], spaced=False)
+    throttle.failed(["address x", "user _peer"], spaced=False)
+    assert throttle.reserve(["address x", "user _peer"], spaced=False) == 0.5
+
+
 def test_a_refusal_is_answered_after_the_delay_not_at_once() -> None:
     throttle = Throttle(0.5, 2.0, Clock())
     for _ in range(3):
