@@ -28,7 +28,7 @@ from amps_on_kafka.errors import TransportError, WrongTransport
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.message import Message
-from amps_on_kafka.log.publisher import FailedWrite
+from amps_on_kafka.log.publisher import FailedWrite, check_delete_target
 
 
 class Client(ClientBase):
@@ -125,6 +125,7 @@ class Client(ClientBase):
         data: Any = None,
         **kw: Any,
     ) -> DeleteAck:
+        check_delete_target(filter, keys, data)  # refused here alike on both transports
         if filter is not None:
             compile_filter(filter)  # a bad filter is refused before it reaches the log
         return self.transport.sow_delete(topic, filter=filter, keys=keys, data=data, **kw)

@@ -29,7 +29,7 @@ from amps_on_kafka.client.message import GatewayMessage
 from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
 from amps_on_kafka.errors import InvalidBookmark
 from amps_on_kafka.expr import compile_filter
-from amps_on_kafka.log.bookmarks import TP
+from amps_on_kafka.log.bookmarks import TP, parse_bookmark
 from amps_on_kafka.log.controls import (
     TICK,
     FanOut,
@@ -245,6 +245,7 @@ class BookmarkSubscriptions:
         self._reserve(sub_id)
         try:
             bookmark = self._resolve(bookmark, sub_id)
+            parse_bookmark(bookmark)  # InvalidBookmark here, alike on both transports
             predicate = compile_filter(filter).matches if filter else None
             if isinstance(transport, KafkaTransport):
                 feed = _kafka_feed(transport, topic, bookmark, predicate, parsed, until, timeout)

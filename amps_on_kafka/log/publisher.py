@@ -248,15 +248,7 @@ class LogPublisher:
         deletes. Returns the sequence of every record written: with an explicit
         `sequence` (a republish), the records are numbered from it, one apart.
         """
-        given = [
-            name
-            for name, v in (("filter", filter), ("keys", keys), ("data", data))
-            if v is not None
-        ]
-        if len(given) != 1:
-            raise MessageError(
-                f"sow_delete takes exactly one of filter, keys or data (got {given or 'none'})"
-            )
+        check_delete_target(filter, keys, data)
         spec = self.spec(topic)
         common = {"correlation_id": correlation_id, "message_type": spec.message_type}
         numbers = self._sequences if sequence is None else itertools.count(sequence)
@@ -496,3 +488,15 @@ def _chain(
         second(PublishError(error.str()) if error is not None else None, message)
 
     return both
+
+
+def check_delete_target(filter: str | None, keys: Iterable[str] | None, data: Any) -> None:
+    """A sow_delete deletes by exactly one of filter, keys or data: MessageError if not.
+    The client checks before it sends, so both transports refuse alike."""
+    given = [
+        name for name, v in (("filter", filter), ("keys", keys), ("data", data)) if v is not None
+    ]
+    if len(given) != 1:
+        raise MessageError(
+            f"sow_delete takes exactly one of filter, keys or data (got {given or 'none'})"
+        )

@@ -8,7 +8,7 @@ import pytest
 
 from amps_on_kafka import COMPLETED, AsyncClient, Command, HAClient, Message
 from amps_on_kafka.client import AsyncStream, Client, ClientBase, MessageStream
-from amps_on_kafka.errors import WrongTransport
+from amps_on_kafka.errors import InvalidBookmark, MessageError, WrongTransport
 
 
 def public_methods(cls: type) -> dict[str, inspect.Signature]:
@@ -56,3 +56,18 @@ def test_an_ha_client_is_used_as_a_client_on_both_transports(uri, topic_factory)
             for call in (lambda: ha.sow(topic), ha.heartbeat, lambda: ha.set_ack_batch_size(5)):
                 with pytest.raises(WrongTransport, match="needs a worker"):
                     call()
+
+
+def test_bad_arguments_raise_the_same_error_on_both_transports(uri, connect, topic_factory):
+    """Checked by the client before anything is sent: one exception type, whichever
+    transport would have refused it."""
+    topic = topic_factory(1)
+    client = connect(uri)
+    with pytest.raises(InvalidBookmark, match=r"malformed bookmark 'garbage\|x\|'"):
+        client.bookmark_subscribe(topic, "garbage|x|", sub_id="after")
+    with pytest.raises(MessageError, match=r"exactly one of filter, keys or data \(got none\)"):
+        client.sow_delete(topic)
+    with pytest.raises(MessageError, match=r"\(got \['filter', 'keys'\]\)"):
+        client.sow_delete(topic, "/id = 1", keys=["1"])
+    with client.bookmark_subscribe(topic, "0", sub_id="after") as stream:  # sub_id free again
+        assert stream.next(timeout=30) is COMPLETED

@@ -162,11 +162,20 @@ class Page:
                 continue
             if args[0] != "amps-kafka":
                 pytest.fail(f"{self.where(block)}: in-process runs amps-kafka only: {line}")
-            result = CliRunner().invoke(main, args[1:], catch_exceptions=False)
+            result = CliRunner().invoke(main, self.outputs_here(args[1:]), catch_exceptions=False)
             if result.exit_code != 0:
                 pytest.fail(
                     f"{self.where(block)}: exit {result.exit_code}\n{line}\n{result.output}"
                 )
+
+    def outputs_here(self, args: list[str]) -> list[str]:
+        """A relative --out made absolute in the page's directory: a shared Spark session's
+        JVM resolves it against the directory the session started in (the checkout, when
+        tests/spark started it first), not the page's."""
+        return [
+            str(self.workdir / arg) if before == "--out" and "://" not in arg else arg
+            for before, arg in zip(["", *args], args, strict=True)
+        ]
 
     def run_python(self, block: Block) -> None:
         code = compile(self.localise(block.text), self.where(block), "exec")
