@@ -1,12 +1,16 @@
-"""Issue 4 gateway benchmarks: sow key look-ups and a filtered SOW scan over tcp://.
+"""Issue 4 gateway benchmarks: sow key look-ups and a filtered SOW scan over tcp://, and
+(issue 18) publishing through the gateway beside publishing straight to Kafka.
 
     python -m bench gateway [--lookup-records 100000] [--lookups 2000]
                             [--scan-records 1000000] [--filter "/qty > 500"]
+                            [--publishes 100000] [--publish-rounds 3]
 
 A worker and its gateway run in this process; the client runs in a spawned process, as
 an application would (and so it doesn't share the gateway's GIL). The scan is reported
 as SOW records scanned per second beside raw confluent-kafka consuming (and decoding)
-the same records from the log, in the same run.
+the same records from the log, in the same run. The publishes (persisted: timed until
+publish_flush returns) go to a keyed log topic, over tcp:// and over kafka:// from the
+same client process, alternating; the best round of each is reported.
 """
 
 from __future__ import annotations
@@ -77,6 +81,21 @@ def scan(address: str, topic: str, filter: str) -> tuple[float, int]:
         return time.perf_counter() - start, delivered
 
 
+def publish_seconds(uri: str, topic: str, count: int) -> float:
+    """Seconds to publish `count` documents and have them persisted (publish_flush)."""
+    docs = documents(count)
+    with Client("bench-publisher") as client:
+        client.connect(uri)
+        client.logon()
+        client.publish(topic, docs[0])
+        client.publish_flush(30)  # connected and the topic known before the clock starts
+        start = time.perf_counter()
+        for doc in docs:
+            client.publish(topic, doc)
+        client.publish_flush(300)
+        return time.perf_counter() - start
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
@@ -117,19 +136,47 @@ def bench_scan(servers: str, client: ProcessPoolExecutor, records: int, filter: 
     print(f"{'':<48} {delivered:,} records matched and delivered ({delivered / seconds:,.0f}/s)")
 
 
+def bench_publish(servers: str, client: ProcessPoolExecutor, count: int, rounds: int) -> None:
+    topic = new_topic(servers, "gateway-publish", 1, key=("/id",))
+    sow_topic = new_topic(servers, "gateway-publish-sow", 1, key=("/id",))  # the worker's
+    with tempfile.TemporaryDirectory() as state:
+        worker, gateway = serve(servers, sow_topic, state)
+        uris = {"gateway": f"tcp://{gateway.address}/amps/json", "kafka": f"kafka://{servers}"}
+        best = dict.fromkeys(uris, float("inf"))
+        try:
+            for round_ in range(rounds):  # alternating, so that drift favours neither
+                for name in sorted(uris, reverse=round_ % 2 == 1):
+                    took = client.submit(publish_seconds, uris[name], topic, count).result()
+                    best[name] = min(best[name], took)
+        finally:
+            gateway.stop()
+            worker.stop()
+    ours, peer = Result("gateway", best["gateway"], count), Result("kafka://", best["kafka"], count)
+    report(f"publish over tcp, {count:,} persisted (best of {rounds})", ours, peer, 0.5)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench gateway")
     parser.add_argument("--lookup-records", type=int, default=100_000)
     parser.add_argument("--lookups", type=int, default=2_000)
     parser.add_argument("--scan-records", type=int, default=1_000_000)
     parser.add_argument("--filter", default="/qty > 500")
+    parser.add_argument("--publishes", type=int, default=100_000)
+    parser.add_argument("--publish-rounds", type=int, default=3)
+    parser.add_argument(
+        "--only", choices=("lookups", "scan", "publish"), help="run one benchmark alone"
+    )
     args = parser.parse_args(argv)
     servers = bootstrap()
     print(f"# SOW records of ~{encoded_size(documents(1)[0])} bytes of JSON, broker {servers}")
     spawn = multiprocessing.get_context("spawn")  # never fork a process holding RocksDB
     with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as client:
-        bench_lookups(servers, client, args.lookup_records, args.lookups)
-        bench_scan(servers, client, args.scan_records, args.filter)
+        if args.only in (None, "lookups"):
+            bench_lookups(servers, client, args.lookup_records, args.lookups)
+        if args.only in (None, "scan"):
+            bench_scan(servers, client, args.scan_records, args.filter)
+        if args.only in (None, "publish"):
+            bench_publish(servers, client, args.publishes, args.publish_rounds)
 
 
 if __name__ == "__main__":

@@ -102,14 +102,13 @@ class Client(ClientBase):
 
     # -- publishing ----------------------------------------------------------------
     def publish(self, topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
-        """On kafka://, the first call binds the publisher's own publish_document over
-        this method on the instance, so that every later one is a single Python frame
-        before Kafka's produce (docs/performance.md); connect() and close() unbind it."""
+        """The first call binds the transport's publish_document over this method on the
+        instance, so that every later one goes straight to it (on kafka://, a single
+        Python frame before Kafka's produce: docs/performance.md); connect() and close()
+        unbind it."""
         transport = self._transport or self.transport  # the property: an error unconnected
-        if isinstance(transport, KafkaTransport):
-            publish = self.__dict__["publish"] = transport.publisher.publish_document
-            return publish(topic, data, expiration, **kw)
-        return transport.publish(topic, data, expiration, Command.PUBLISH, **kw)
+        publish = self.__dict__["publish"] = transport.publish_document
+        return publish(topic, data, expiration, **kw)
 
     def delta_publish(
         self, topic: str, data: Any, expiration: float | None = None, **kw: Any

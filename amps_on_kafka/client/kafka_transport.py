@@ -70,6 +70,12 @@ class KafkaTransport:
             return publisher.publish(topic, data, expiration, command, **kw)
         return publisher.publish(topic, data, expiration, command)  # no keyword dict to build
 
+    @property
+    def publish_document(self) -> Callable[..., int]:
+        """Client.publish, which binds it on the client instance: the publisher's
+        one-frame publish (LogPublisher.publish_document)."""
+        return self.publisher.publish_document
+
     def sow_delete(
         self,
         topic: str,

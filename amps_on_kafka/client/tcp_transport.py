@@ -61,6 +61,9 @@ class Outbox:
     A thread that finds the socket idle writes its frame itself: a lone command or batch
     of acks costs no thread switch. Frames put while a write is under way queue up and
     the writer thread sends them together, so busy publishers share system calls. A
+    publish, which nobody waits for, is `deferred`: always left to the writer thread,
+    which sends it with every publish queued behind it by the time it runs (a system
+    call per publish was half of a tcp:// publisher's time; docs/performance.md). A
     publisher that outruns the gateway blocks once MAX_OUTBOX bytes wait, instead of
     filling memory.
     """
@@ -73,11 +76,12 @@ class Outbox:
         self._writing = False  # some thread is in sendall
         self._closing = False
         self._failed = False
+        self._woken = False  # the writer thread was told of deferred frames
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._write, name="amps-tcp-writer", daemon=True)
         self._thread.start()
 
-    def put(self, frame: bytes) -> bool:
+    def put(self, frame: bytes, *, deferred: bool = False) -> bool:
         """Send or queue a frame; False once the socket failed or the outbox closed."""
         with self._changed:
             while self._bytes > MAX_OUTBOX and not (self._failed or self._closing):
@@ -88,6 +92,11 @@ class Outbox:
             self._bytes += len(frame)
             if self._writing:
                 return True  # the writer thread sends it after the write under way
+            if deferred:
+                if not self._woken:
+                    self._woken = True
+                    self._changed.notify_all()
+                return True
             frames = self._take()
         return self._send(frames)
 
@@ -114,7 +123,7 @@ class Outbox:
         if self._bytes > MAX_OUTBOX:
             self._changed.notify_all()  # room again for blocked publishers
         frames, self._frames, self._bytes = self._frames, [], 0
-        self._writing = True
+        self._writing, self._woken = True, False
         return frames
 
     def _send(self, frames: list[bytes]) -> bool:
@@ -201,10 +210,17 @@ class TcpTransport:
             check_expiration(expiration)  # refused here, before it uses a sequence number
         sequence = self._reserve(1) if sequence is None else sequence
         header = {"c": command.value, "t": topic, "s": sequence}
-        _set(header, e=expiration, k=sow_key, x=correlation_id)
-        self._send(header, _payload(data))
+        if expiration is not None or sow_key is not None or correlation_id is not None:
+            _set(header, e=expiration, k=sow_key, x=correlation_id)
+        self._send(header, _payload(data), deferred=True)
         self._published = True
         return sequence
+
+    def publish_document(
+        self, topic: str, data: Any, expiration: float | None = None, **kw: Any
+    ) -> int:
+        """Client.publish, which binds it on the client instance."""
+        return self.publish(topic, data, expiration, Command.PUBLISH, **kw)
 
     def sow_delete(
         self,
@@ -461,12 +477,15 @@ class TcpTransport:
         return True
 
     # -- the socket ----------------------------------------------------------------------
-    def _send(self, header: dict[str, Any], payload: bytes = b"") -> None:
-        """Queue a frame. A caller's reply route is registered before this check and
-        _lose sets _lost before waking routes, so a waiter can't miss a lost connection."""
+    def _send(
+        self, header: dict[str, Any], payload: bytes = b"", *, deferred: bool = False
+    ) -> None:
+        """Queue a frame (`deferred`: see Outbox). A caller's reply route is registered
+        before this check and _lose sets _lost before waking routes, so a waiter can't
+        miss a lost connection."""
         if self._lost is not None:
             raise self._lost
-        if not self._outbox.put(encode_frame(header, payload)):
+        if not self._outbox.put(encode_frame(header, payload), deferred=deferred):
             raise self._lost or TransportError(f"{self.address}: the connection is closed")
 
     def _read(self) -> None:

@@ -405,6 +405,8 @@ class LogPublisher:
                 raise PublishError(
                     f"Kafka refused a publish to {topic!r}: {exc.args[0].str()}"
                 ) from exc
+        if self._shared:  # its owner serves the reports (the gateway's DeliveryPump)
+            return
         self._unpolled += 1
         if self._unpolled >= POLL_EVERY:
             self._unpolled = 0
@@ -484,8 +486,11 @@ def _chain(
     first: Callable[..., None], second: Persisted
 ) -> Callable[[KafkaError | None, Message], None]:
     def both(error: KafkaError | None, message: Message) -> None:
+        if error is None:  # `first` reports failures only (_delivered): skip its calls
+            second(None, message)
+            return
         first(error, message)
-        second(PublishError(error.str()) if error is not None else None, message)
+        second(PublishError(error.str()), message)
 
     return both
 

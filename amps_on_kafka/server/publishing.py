@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from amps_on_kafka.errors import PublishError
+from amps_on_kafka.errors import AmpsError, PublishError
 from amps_on_kafka.log.codecs import avro_document
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
@@ -151,10 +151,16 @@ class PublishBudget:
         self.peak = (0, 0)  # bytes, commands held at most since the budget was last empty
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
-    async def reserve(self, size: int) -> None:
-        """Take `size` bytes and one command, waiting for room."""
+    def take_now(self, size: int) -> bool:
+        """Take `size` bytes and one command if they fit now, ahead of nobody."""
         if not self._waiting and self._fits(size):
             self._take(size)
+            return True
+        return False
+
+    async def reserve(self, size: int) -> None:
+        """Take `size` bytes and one command, waiting for room."""
+        if self.take_now(size):
             return
         future = asyncio.get_running_loop().create_future()
         self._waiting.append((size, future))
@@ -193,7 +199,9 @@ class PublishBudget:
     def _take(self, size: int) -> None:
         self.bytes += size
         self.commands += 1
-        self.peak = (max(self.peak[0], self.bytes), max(self.peak[1], self.commands))
+        peak = self.peak
+        if self.bytes > peak[0] or self.commands > peak[1]:
+            self.peak = (max(peak[0], self.bytes), max(peak[1], self.commands))
 
 
 def release_freed_memory() -> None:
@@ -244,21 +252,43 @@ class Writes:
         """The topic's spec, with its partition count fresh: both read Kafka now and then
         (the first time, and the count every PARTITION_COUNT_TTL), so that runs off the
         loop — while Kafka was down, a count read on the loop froze every client for 10 s."""
-        publisher = self.publisher
-        if topic not in self._known or publisher.partition_count_due(topic, REFRESH_MARGIN):
+        spec = self.known_spec(topic)
+        if spec is None:
             await self.session.gateway.blocking(self._look_up, topic)
             self._known.add(topic)
-        return publisher.spec(topic)
+            spec = self.publisher.spec(topic)
+        return spec
 
     def _look_up(self, topic: str) -> None:
         spec = self.publisher.spec(topic)
-        if (spec.key or spec.key_from_publish) and not spec.repartition:  # keys are placed
+        if _placed(spec):
             self.publisher.partition_count(spec.name)
+
+    def known_spec(self, topic: str) -> TopicSpec | None:
+        """The topic's spec when spec() would not need to read Kafka, else None. Only a
+        topic whose keys are placed has a partition count to keep fresh (an unkeyed one
+        went to the pool on every publish)."""
+        if topic not in self._known:
+            return None
+        spec = self.publisher.spec(topic)
+        if _placed(spec) and self.publisher.partition_count_due(spec.name, REFRESH_MARGIN):
+            return None
+        return spec
 
     async def begin(self, request: Request) -> PendingWrite:
         """Wait for room in the worker's PublishBudget, then number the command."""
         size = len(request.payload) + RECORD_OVERHEAD
         await self.budget.reserve(size)
+        return self._issue(request, size)
+
+    def begin_at_once(self, request: Request) -> PendingWrite | None:
+        """begin() when the budget has room now; None when the command must wait."""
+        size = len(request.payload) + RECORD_OVERHEAD
+        if not self.budget.take_now(size):
+            return None
+        return self._issue(request, size)
+
+    def _issue(self, request: Request, size: int) -> PendingWrite:
         self._last_ticket = next(self._issued)
         pending = PendingWrite(self, request, self._last_ticket, size)
         self._inflight[pending.ticket] = pending
@@ -310,6 +340,11 @@ class Writes:
         self._flushes = waiting
 
 
+def _placed(spec: TopicSpec) -> bool:
+    """Whether the publisher places the topic's keys itself, by its partition count."""
+    return bool(spec.key or spec.key_from_publish) and not spec.repartition
+
+
 def publish_data(spec: TopicSpec, payload: bytes) -> Any:
     """The wire carries JSON: an Avro topic's publisher encodes the decoded document."""
     return avro_document(payload) if spec.message_type == "avro" else payload
@@ -317,27 +352,59 @@ def publish_data(spec: TopicSpec, payload: bytes) -> Any:
 
 async def publish(session: Session, request: Request) -> None:
     """publish and delta_publish."""
-    header = request.header
-    topic = text(header, "t", required=True)
+    topic: str = text(request.header, "t", required=True)  # type: ignore[assignment]
     writes = session.writes
     pending = await writes.begin(request)  # first: the spec must be fresh when it is used
     try:
-        data = publish_data(await writes.spec(topic), request.payload)
-        writes.publisher.publish(
+        spec = await writes.spec(topic)
+    except BaseException:  # the session closed meanwhile: free its share
+        writes.abandon(pending)
+        raise
+    _write(session, pending, topic, spec)
+
+
+def publish_at_once(session: Session, header: dict[str, Any], payload: bytes) -> bool:
+    """A plain publish (the session checked: no acks asked, nothing to authorize, no
+    queue's name) written without a turn of the event loop, when the budget has room and
+    the topic's spec is fresh; False, having done nothing, when it must take the full
+    path. A refusal is a failure ack, as on the full path. Most of a tcp:// publish's
+    cost was the layers of that path, each a coroutine (docs/performance.md)."""
+    topic = header.get("t")
+    writes = session.writes
+    if type(topic) is not str or (spec := writes.known_spec(topic)) is None:
+        return False
+    pending = writes.begin_at_once(Request(header, payload, NO_ACKS))
+    if pending is None:
+        return False
+    try:
+        _write(session, pending, topic, spec)
+    except AmpsError as exc:
+        session.fail(header, exc.reason)
+    return True
+
+
+NO_ACKS: frozenset[str] = frozenset()
+
+
+def _write(session: Session, pending: PendingWrite, topic: str, spec: TopicSpec) -> None:
+    """Produce a publish or delta_publish whose budget share `pending` holds."""
+    header, writes = pending.request.header, pending.writes
+    try:
+        writes.publisher.publish(  # a field absent is None: no call to read it
             topic,
-            data,
-            expiration=number(header, "e"),
-            command=Command(header["c"]),
-            sow_key=text(header, "k"),
-            correlation_id=text(header, "x"),
+            publish_data(spec, pending.request.payload),
+            expiration=number(header, "e") if "e" in header else None,
+            command=Command.PUBLISH if header["c"] == "publish" else Command(header["c"]),
+            sow_key=text(header, "k") if "k" in header else None,
+            correlation_id=text(header, "x") if "x" in header else None,
             on_persisted=writes.pump.callback(pending.persisted),
             sequence=count(header, "s"),
         )
-    except BaseException:  # refused, or the session closed meanwhile: free its share
+    except BaseException:  # refused: free its share
         writes.abandon(pending)
         raise
     writes.written(pending, 1)
-    if request.wants("processed"):
+    if pending.request.wants("processed"):
         session.send(ack(header, "processed"))
 
 

@@ -86,6 +86,22 @@ def test_publishers_wait_while_the_peer_reads_nothing_and_queue_at_most_max_outb
     outbox.close(WAIT)
 
 
+def test_deferred_frames_go_out_by_the_writer_thread_in_order_with_the_others(pair):
+    """A publish is deferred: the writer thread sends it, with whatever queued behind it;
+    a lone one is not held back, and a command put after publishes comes after them."""
+    ours, peer = pair
+    outbox = Outbox(ours, lambda reason: None)
+    assert outbox.put(b"lone;", deferred=True)
+    assert read_exactly(peer, len(b"lone;")) == b"lone;"  # nothing else had to follow it
+    frames = [f"p{n:03d};".encode() for n in range(300)]
+    for frame in frames:
+        assert outbox.put(frame, deferred=True)
+    assert outbox.put(b"flush;")  # sent at once, or after what the writer holds
+    expected = b"".join(frames) + b"flush;"
+    assert read_exactly(peer, len(expected)) == expected
+    outbox.close(WAIT)
+
+
 def test_a_write_to_a_closed_peer_is_refused_and_reported(pair):
     ours, peer = pair
     errors: list[str] = []
