@@ -2,15 +2,17 @@
 
     python -m bench queues [--messages 100000] [--subscribers 4] [--backlog 10]
                            [--ack-batch 5] [--partitions 1] [--lease-samples 5]
-                           [--share-lease]
+                           [--share-lease] [--unbatched]
 
 Workload: an at-least-once queue, SUBSCRIBERS subscribers with max_backlog BACKLOG, 200
 bytes of JSON per message. The queue engine and its gateway run in this process; each
 subscriber (a tcp:// client) is a spawned process of its own, as applications are, and
 so is the publisher. Each subscriber decodes every message and acks it (batched by the
-client, ACK_BATCH bookmarks per sow_delete). The rate is messages read from Kafka,
-delivered, acknowledged and removed per second, from the first delivery until the queue
-is empty, beside, in the same run and on the same broker:
+client, ACK_BATCH bookmarks per sow_delete) and asks for batched delivery (option
+`batch`: a burst of deliveries in one frame; --unbatched: a frame per message). The
+rate is messages read from Kafka, delivered, acknowledged and removed per second, from
+the first delivery until the queue is empty, beside, in the same run and on the same
+broker:
 
 - raw confluent-kafka consuming (and decoding) the same messages from the log;
 - Kafka's own queues, KIP-932 share groups: SUBSCRIBERS ShareConsumers, each acquiring
@@ -83,14 +85,15 @@ def serve(servers: str, config: Config, state: str) -> tuple[QueueEngine, Gatewa
 
 
 # -- ours: each subscriber an application of its own (a spawned process) -------------------
-def subscriber(address, queue, backlog, ack_batch, subscribed, firsts) -> None:
+def subscriber(address, queue, backlog, ack_batch, batch, subscribed, firsts) -> None:
     """Decode and ack every message delivered, until the benchmark ends this process."""
+    options = f"max_backlog={backlog},batch" if batch else f"max_backlog={backlog}"
     with Client(f"bench-sub-{uuid.uuid4().hex[:6]}") as client:
         client.connect(f"tcp://{address}/amps/json")
         client.logon()
         client.set_ack_batch_size(ack_batch)
         client.set_ack_timeout(0.002)
-        stream = client.subscribe(queue, options=f"max_backlog={backlog}")
+        stream = client.subscribe(queue, options=options)
         subscribed.wait()
         first = True
         for message in stream:
@@ -107,7 +110,8 @@ def ours(servers: str, topic: str, count: int, args: argparse.Namespace) -> Resu
     with tempfile.TemporaryDirectory() as state:
         engine, gateway, address = serve(servers, queue_config(topic, args.backlog, "60s"), state)
         subscribed, firsts = spawn.Barrier(args.subscribers + 1), spawn.Queue()
-        options = (address, topic, args.backlog, args.ack_batch, subscribed, firsts)
+        batch = not args.unbatched
+        options = (address, topic, args.backlog, args.ack_batch, batch, subscribed, firsts)
         apps = [spawn.Process(target=subscriber, args=options) for _ in range(args.subscribers)]
         try:
             for app in apps:
@@ -256,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--lease-samples", type=int, default=5)
     parser.add_argument("--share-lease", action="store_true")
+    parser.add_argument(
+        "--unbatched", action="store_true", help="a frame per delivery (no option batch)"
+    )
     args = parser.parse_args(argv)
     servers = bootstrap()
     count = args.messages

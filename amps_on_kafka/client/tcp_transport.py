@@ -584,11 +584,11 @@ def _raise_failure(header: dict[str, Any]) -> None:
 def _unpack(frame: Frame) -> Iterator[Item]:
     header, payload = frame.header, frame.payload
     command, topic, sub_id = header.get("c"), header.get("t"), header.get("sub_id")
-    if command == "sow":
+    if command == "sow" or (command == "publish" and "recs" in header):  # a batch frame
         offset = 0
         for meta in header.get("recs", ()):
             end = offset + meta["n"]
-            yield GatewayMessage("sow", topic, meta, payload[offset:end], sub_id)
+            yield GatewayMessage(command, topic, meta, payload[offset:end], sub_id)
             offset = end
     elif command == "ack":
         _raise_failure(header)

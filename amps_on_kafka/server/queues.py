@@ -13,12 +13,15 @@ The commands are AMPS's own, on a queue topic:
 - `publish` to a queue's name is written to its DefaultPublishTarget (seed 001).
 
 Deliveries come from the engine's threads; they are queued here and sent from the event
-loop in bursts, in order.
+loop in bursts, in order. A subscription with option `batch` gets each burst of its
+deliveries from one queue as one frame (`recs`, as a sow frame; docs/protocol.md): one
+header to encode and decode for many messages, and one hand-off in the client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
@@ -52,6 +55,33 @@ if TYPE_CHECKING:
 
 Handler = Callable[["Session", Request], Awaitable[None]]
 ACK_OPTIONS = ("cancel", "expire")
+# A batched delivery frame closes at this many messages or payload bytes (a later
+# delivery of the burst opens the next one): the frame stays far below any frame limit.
+BATCH_RECORDS = 1000
+BATCH_BYTES = 1 << 20
+
+
+class DeliveryBatch:
+    """Deliveries of one burst to one batched subscription from one queue: one frame."""
+
+    __slots__ = ("header", "payloads", "recs", "size")
+
+    def __init__(self, sub_id: str, queue: str) -> None:
+        self.recs: list[dict[str, Any]] = []
+        self.header = {"c": "publish", "sub_id": sub_id, "t": queue, "recs": self.recs}
+        self.payloads: list[bytes] = []
+        self.size = 0
+
+    def add(self, rec: dict[str, Any], payload: bytes) -> bool:
+        """Add one message; False once the batch is full (the next opens another)."""
+        rec["n"] = len(payload)
+        self.recs.append(rec)
+        self.payloads.append(payload)
+        self.size += len(payload)
+        return len(self.recs) < BATCH_RECORDS and self.size < BATCH_BYTES
+
+    def encode(self) -> bytes:
+        return encode_frame(self.header, b"".join(self.payloads))
 
 
 class QueueService:
@@ -60,7 +90,9 @@ class QueueService:
     def __init__(self, engine: QueueEngine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self._loop = loop
-        self._outbox: deque[tuple[Session, bytes]] = deque()
+        self._outbox: deque[tuple[Session, bytes | DeliveryBatch]] = deque()
+        self._open: dict[tuple[QueueSubscriber, str], DeliveryBatch] = {}  # batches not sent
+        self._outbox_lock = threading.Lock()  # engine threads post, the event loop drains
         self._posted = False
         self._served: dict[str, bool] = {}
         self.links: QueueLinks | None = None  # set by the gateway: to the other owners
@@ -110,7 +142,27 @@ class QueueService:
     def post(self, session: Session, header: dict[str, Any], payload: bytes) -> None:
         """Any thread: send a frame from the event loop, in order. Frames posted together
         go out together: one write per connection per burst."""
-        self._outbox.append((session, encode_frame(header, payload)))
+        frame = encode_frame(header, payload)
+        with self._outbox_lock:
+            self._outbox.append((session, frame))
+        self._wake()
+
+    def post_batched(
+        self, sub: QueueSubscriber, queue: str, rec: dict[str, Any], payload: bytes
+    ) -> None:
+        """Any thread: a delivery to a batched subscription joins its open batch from
+        `queue`, sent in order with the other frames of the burst."""
+        key = (sub, queue)
+        with self._outbox_lock:
+            batch = self._open.get(key)
+            if batch is None:
+                batch = self._open[key] = DeliveryBatch(sub.sub_id, queue)
+                self._outbox.append((sub.session, batch))
+            if not batch.add(rec, payload):
+                del self._open[key]
+        self._wake()
+
+    def _wake(self) -> None:
         if self._posted:
             return
         self._posted = True
@@ -122,13 +174,19 @@ class QueueService:
 
     def _drain(self) -> None:
         self._posted = False
-        outbox = self._outbox
+        with self._outbox_lock:
+            outbox, self._outbox = self._outbox, deque()
+            self._open.clear()
         while outbox:
             session, frame = outbox.popleft()
-            frames = [frame]
+            frames = [_encoded(frame)]
             while outbox and outbox[0][0] is session:
-                frames.append(outbox.popleft()[1])
+                frames.append(_encoded(outbox.popleft()[1]))
             session.send_encoded(b"".join(frames), len(frames))
+
+
+def _encoded(frame: bytes | DeliveryBatch) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.encode()
 
 
 def routed(regular: Handler, queued: Handler) -> Handler:
@@ -172,15 +230,23 @@ def _refuse_queue_only(request: Request) -> None:
 class QueueSubscriber:
     """One queue subscription of a connection; closing it breaks its leases."""
 
-    def __init__(self, session: Session, sub_id: str) -> None:
+    def __init__(self, session: Session, sub_id: str, batched: bool = False) -> None:
         self.session = session
         self.sub_id = sub_id
+        self.batched = batched  # option `batch`: a burst of deliveries in one frame
         self.closed = False
         self.handle: QueueSubscription | None = None
         self._service: QueueService = session.gateway.queues  # type: ignore[assignment]
 
     def deliver(self, message: QueueMessage) -> None:
         """Engine threads, under the engine lock: hand the message to the event loop."""
+        payload = wire_payload(message.codec, message.payload, message)
+        if self.batched:
+            rec: dict[str, Any] = {"bm": message.bookmark, "ts": message.timestamp}
+            if message.lease_ms is not None:
+                rec["lp"] = message.lease_ms
+            self._service.post_batched(self, message.queue, rec, payload)
+            return
         header: dict[str, Any] = {
             "c": "publish",
             "sub_id": self.sub_id,
@@ -190,9 +256,7 @@ class QueueSubscriber:
         }
         if message.lease_ms is not None:
             header["lp"] = message.lease_ms
-        self._service.post(
-            self.session, header, wire_payload(message.codec, message.payload, message)
-        )
+        self._service.post(self.session, header, payload)
 
     def close(self) -> None:
         if not self.closed:
@@ -215,7 +279,8 @@ async def subscribe(session: Session, request: Request) -> None:
     await compiled_filter(session, header)  # a bad filter is refused with its position
     if session.closed:  # while the filter compiled: a subscription now would never be closed
         return
-    sub = QueueSubscriber(session, subscription_id(header))
+    max_backlog, batched = _queue_options(header)
+    sub = QueueSubscriber(session, subscription_id(header), batched)
     session.add_subscription(sub)
     session.gateway.queues._subscribers.add(sub)  # type: ignore[union-attr]
     try:
@@ -225,7 +290,7 @@ async def subscribe(session: Session, request: Request) -> None:
             session=session,
             sub_id=sub.sub_id,
             filter=text(header, "f"),
-            max_backlog=_max_backlog(header),
+            max_backlog=max_backlog,
         )
     except BaseException:
         session.remove_subscription(sub.sub_id)
@@ -240,15 +305,21 @@ async def _replay_underlying(session: Session, request: Request) -> None:
     await log_subscribe(session, replace(request, header={**request.header, "t": topic}))
 
 
-def _max_backlog(header: dict[str, Any]) -> int | None:
-    """`o` holds AMPS's `max_backlog=N`; no other option applies to a queue."""
-    backlog = None
+def _queue_options(header: dict[str, Any]) -> tuple[int | None, bool]:
+    """`o` holds AMPS's `max_backlog=N`, and `batch` (this gateway's own: deliveries in
+    batched frames); no other option applies to a queue."""
+    backlog, batched = None, False
     for word in words(header, "o"):
         name, _, value = word.partition("=")
-        if name != "max_backlog" or not value.isdigit():
-            raise ProtocolError(f"option {word!r} is not supported on a queue (max_backlog=N)")
-        backlog = int(value)
-    return backlog
+        if word == "batch":
+            batched = True
+        elif name == "max_backlog" and value.isdigit():
+            backlog = int(value)
+        else:
+            raise ProtocolError(
+                f"option {word!r} is not supported on a queue (max_backlog=N, batch)"
+            )
+    return backlog, batched
 
 
 async def sow_delete(session: Session, request: Request) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+import orjson
 import pytest
 
 from amps_on_kafka.config import Config
@@ -159,6 +160,54 @@ def test_a_batched_ack_is_answered_only_when_it_fails(serve, clients, queue_conf
         wire.close()
 
 
+def test_option_batch_delivers_a_burst_as_one_frame_of_records(serve, clients, queue_config):
+    """Option `batch`: the messages waiting when the subscription opens come as one
+    `publish` frame with a `recs` entry each (bookmark, lease, payload length), in order,
+    and are acked as usual."""
+    served = serve(queue_config(LeasePeriod="20s"))
+    publisher = clients(served)
+    for n in range(5):
+        publisher.publish(served.queue, {"n": n})
+    publisher.publish_flush()
+    eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 5)
+    wire = Wire(served.address)
+    try:
+        wire.logon()
+        subscribe = {"c": "subscribe", "cid": "q", "t": served.queue, "a": "processed"}
+        wire.request({**subscribe, "o": "max_backlog=5,batch"})
+        frame = wire.recv()
+        recs = frame.header["recs"]
+        assert (frame.header["c"], frame.header["sub_id"]) == ("publish", "q")
+        assert [r["bm"] for r in recs] == [f"{served.queue}|0|{n}|" for n in range(5)]
+        assert all(0 < r["lp"] <= 20_000 for r in recs)
+        assert sum(r["n"] for r in recs) == len(frame.payload)
+        first = frame.payload[: recs[0]["n"]]
+        assert orjson.loads(first) == {"n": 0}
+        bookmarks = ",".join(r["bm"] for r in recs)
+        ack = {"c": "sow_delete", "cid": "a", "t": served.queue, "bm": bookmarks}
+        assert wire.request({**ack, "a": "processed"}).header["matches"] == 5
+    finally:
+        wire.close()
+
+
+def test_a_client_reads_batched_deliveries_as_messages(serve, clients, queue_config):
+    served = serve(queue_config())
+    client = clients(served)
+    client.set_ack_batch_size(4)
+    with client.subscribe(served.queue, options="max_backlog=4,batch", timeout=5) as stream:
+        for n in range(8):
+            client.publish(served.queue, {"n": n})
+        client.publish_flush()
+        seen = []
+        for _ in range(2):  # a backlog of 4 at a time: the second four come after the acks
+            for message in take(stream, 4):
+                assert message.command == "publish" and message.lease_period > 0
+                seen.append(message.data["n"])
+                message.ack()
+        assert seen == list(range(8))
+        eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 0)
+
+
 def test_disconnect_breaks_the_leases_at_once(serve, clients, queue_config):
     served = serve(queue_config(LeasePeriod="1h"))
     first, second = clients(served), clients(served)
@@ -260,7 +309,7 @@ def test_the_worker_starts_and_stops_the_queue_engine(bootstrap, topic_factory, 
 @pytest.mark.parametrize(
     ("command", "reason"),
     [
-        ({"c": "subscribe", "o": "max_backlog=lots"}, "max_backlog=N"),
+        ({"c": "subscribe", "o": "max_backlog=lots"}, "max_backlog=N, batch"),
         ({"c": "subscribe", "o": "oof"}, "not supported on a queue"),
         ({"c": "subscribe", "f": "/n = = 1"}, "position"),
         ({"c": "sow", "f": "/n >"}, "position"),
