@@ -361,6 +361,11 @@ class TcpTransport:
         return self.subscribe(topic, filter, bookmark=bookmark, timeout=timeout)
 
     def unsubscribe(self, sub_id: str = "all") -> None:
+        """A sub_id with no live subscription here (ended by its idle timeout, closed,
+        finished or never made) is nothing to do, as on kafka://: every subscription of
+        this connection has a route, and its end already told the gateway."""
+        if sub_id != "all" and sub_id not in self._subs:
+            return
         self._command(
             {"c": "unsubscribe", "sub_id": sub_id, "a": "processed"}, timeout=COMMAND_TIMEOUT
         )

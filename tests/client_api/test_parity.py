@@ -71,3 +71,17 @@ def test_bad_arguments_raise_the_same_error_on_both_transports(uri, connect, top
         client.sow_delete(topic, "/id = 1", keys=["1"])
     with client.bookmark_subscribe(topic, "0", sub_id="after") as stream:  # sub_id free again
         assert stream.next(timeout=30) is COMPLETED
+
+
+def test_unsubscribing_what_ended_already_is_nothing_to_do_on_both(uri, connect, topic_factory):
+    """tcp:// raised ServerError ("no subscription") where kafka:// did nothing."""
+    topic = topic_factory(1)
+    client = connect(uri)
+    idle = client.bookmark_subscribe(topic, "0", sub_id="idle", timeout=0.3)
+    assert list(idle) == [COMPLETED] and idle.ended  # ended by its idle timeout
+    closed = client.bookmark_subscribe(topic, "0", sub_id="closed")
+    closed.close()
+    for sub_id in ("idle", "closed", "never-made"):
+        client.unsubscribe(sub_id)
+    with client.bookmark_subscribe(topic, "0", sub_id="idle") as again:  # the id is free
+        assert again.next(timeout=30) is COMPLETED
