@@ -213,7 +213,7 @@ def release_freed_memory() -> None:
         trim(0)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PendingWrite:
     """One command on its way to the log: it is persisted when all its records are."""
 
