@@ -71,6 +71,11 @@ def _worker(worker: dict[str, Any]) -> Iterator[Metric]:
         "Changelog transactions aborted or failed (the batch waits and is tried again)",
         worker["changelog_failures"],
     )
+    yield _counter(
+        "amps_changelog_lost",
+        "Stores found written to a changelog topic since deleted (each copied into the new one)",
+        worker["changelog_lost"],
+    )
     rejected = CounterMetricFamily(
         "amps_records_rejected",
         "Log records the SOW refused, by reason and by what became of them",

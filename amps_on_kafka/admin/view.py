@@ -117,6 +117,7 @@ def worker_view(worker: Worker) -> dict[str, Any]:
         "skipped": {reason: n - dead[reason] for reason, n in rejected.items() if n > dead[reason]},
         "dead_letter_failures": worker.dead_letter_failures,
         "changelog_failures": worker.changelog_failures,
+        "changelog_lost": worker.changelog_lost,
         "failed": _failure(worker),
     }
 

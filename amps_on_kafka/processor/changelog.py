@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -32,6 +35,7 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Producer,
+    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -65,6 +69,7 @@ _OFFSET = struct.Struct(">q")
 TRANSACTION_TIMEOUT = 60.0
 COMMIT_TIMEOUT = TRANSACTION_TIMEOUT  # seconds a batch waits for its transaction's commit
 RESTORE_BATCH = 10_000  # changelog records loaded into the store per write
+CHECK_EVERY = 5.0  # seconds between two looks at whether a changelog topic was deleted
 Entry = tuple[bytes, bytes | None]  # raw SOW key, record as stored (None: deleted)
 
 
@@ -77,14 +82,15 @@ def changelog_topic(group: str, topic: str) -> str:
     return f"{PREFIX}{group}.{topic}"
 
 
-def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> None:
+def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> dict[str, str]:
     """The changelog of each SOW topic with Changelog on exists, compacted, with as many
     partitions as the log it mirrors (a Repartition SOW's internal topic has the source's
     count, and may not exist yet); a changelog with another count is a ConfigError (its
-    partitions would not match the stores')."""
+    partitions would not match the stores'). Returns each one's Kafka topic id, by SOW
+    topic: a changelog deleted and created again has a new one."""
     wanted = [sow for sow in config.sow if sow.changelog]
     if not wanted:
-        return
+        return {}
     admin = admin_client(bootstrap)
     for sow in wanted:
         name = changelog_topic(group, sow.topic)
@@ -97,9 +103,36 @@ def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> None:
         if existing != count:
             raise ConfigError(
                 f"SOW {sow.topic}: its changelog {name} has {existing} partitions, its log "
-                f"{count}; delete it, then start the workers once with Changelog off and "
-                "again with it on: they copy their stores into the new one"
+                f"{count}; delete it and start the workers again: they copy their stores "
+                "into the new one"
             )
+    ids = _topic_ids(admin, {sow.topic: changelog_topic(group, sow.topic) for sow in wanted})
+    found = {topic: topic_id for topic, topic_id in ids.items() if topic_id is not None}
+    if len(found) < len(ids):  # deleted again between its creation and now
+        raise TransportError(f"changelog topics missing just after their creation: {ids}")
+    return found
+
+
+def _topic_ids(admin: AdminClient, names: dict[str, str]) -> dict[str, str | None]:
+    """By key, the Kafka topic id of the topic named (None: there is no such topic)."""
+    asked = _ask_ids(admin, list(names.values()))
+    return {key: _id_of(asked[name], METADATA_TIMEOUT) for key, name in names.items()}
+
+
+def _ask_ids(admin: AdminClient, names: list[str]) -> dict[str, Future[Any]]:
+    collection = TopicCollection(names)
+    return admin.describe_topics(collection, request_timeout=METADATA_TIMEOUT)
+
+
+def _id_of(answer: Future[Any], timeout: float | None = None) -> str | None:
+    """A topic's id from describe_topics' answer; None when the topic does not exist.
+    Another failure (Kafka unreachable) raises TransportError: it says nothing of it."""
+    try:
+        return str(answer.result(timeout).topic_id)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise TransportError(f"can't describe a changelog topic: {exc}") from exc
 
 
 def _create(admin: AdminClient, name: str, partitions: int) -> None:
@@ -138,18 +171,48 @@ class Changelog:
     def __init__(self, bootstrap: str, group: str, instance_id: str | None) -> None:
         self.bootstrap = bootstrap
         self.group = group
-        suffix = instance_id or uuid.uuid4().hex
-        self._producer = Producer(
-            {
-                **client_config(bootstrap),
-                "transactional.id": f"amps-changelog.{group}.{suffix}",
-                "transaction.timeout.ms": int(TRANSACTION_TIMEOUT * 1000),
-                "linger.ms": 5,
-                "compression.type": "lz4",
-            }
-        )
+        self._settings = {
+            **client_config(bootstrap),
+            "transactional.id": f"amps-changelog.{group}.{instance_id or uuid.uuid4().hex}",
+            "transaction.timeout.ms": int(TRANSACTION_TIMEOUT * 1000),
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            # a changelog deleted by hand must not come back as a broker's default topic
+            "allow.auto.create.topics": False,
+        }
+        self._producer = Producer(self._settings)
         self._ready = False
         self.failures = 0  # transactions that aborted or failed (admin metrics)
+        # by SOW topic, the Kafka topic id of its changelog (ensure); a store marked with
+        # another was written to a changelog since deleted, and is copied into this one
+        self.ids: dict[str, str] = {}
+        self._asked: dict[str, Future[Any]] | None = None  # a look under way (replaced)
+        self._admin: AdminClient | None = None  # made for the first look
+        self._next_check = 0.0
+
+    def ensure(self, config: Config) -> None:
+        """Create the changelogs missing (ensure_changelog_topics) and note their ids."""
+        self.ids = ensure_changelog_topics(self.bootstrap, config, self.group)
+
+    def replaced(self) -> list[str]:
+        """The SOW topics whose changelog topic is gone or not the one noted (deleted by
+        hand, maybe created again), as Kafka last answered: asked every CHECK_EVERY by the
+        worker's loop, which never waits for the answer (it reads it a turn later)."""
+        asked, gone = self._asked, []
+        if asked is not None and all(answer.done() for answer in asked.values()):
+            self._asked = None
+            names = {changelog_topic(self.group, topic): topic for topic in self.ids}
+            try:
+                gone = [names[n] for n, a in asked.items() if _id_of(a) != self.ids[names[n]]]
+            except TransportError as exc:  # Kafka away: nothing known, asked again later
+                log.debug("changelog topics not described: %s", exc)
+        now = time.monotonic()
+        if self._asked is None and self.ids and now >= self._next_check:
+            self._next_check = now + CHECK_EVERY
+            names_now = [changelog_topic(self.group, topic) for topic in self.ids]
+            self._admin = self._admin or admin_client(self.bootstrap)
+            self._asked = _ask_ids(self._admin, names_now)
+        return gone
 
     def send(
         self,
@@ -214,7 +277,7 @@ class Changelog:
 
         log.info("copying %s|%s into its changelog", store.topic, store.partition)
         self.send(store, snapshot(), store.next_offset(), member, consumed)
-        store.mark_changelogged(True)
+        store.mark_changelogged(self.ids[store.topic])
 
     def close(self) -> None:
         self._producer.flush(COMMIT_TIMEOUT)
@@ -238,7 +301,13 @@ class Changelog:
         try:
             self._producer.abort_transaction(COMMIT_TIMEOUT)
         except KafkaException as abort_error:
-            log.warning("aborting a changelog transaction failed: %s", abort_error)
+            # e.g. a commit that timed out (its topic deleted) is still under way, and
+            # every later call would conflict with it: a new producer with the same
+            # transactional id fences this one and aborts what it left open
+            log.warning("aborting a changelog transaction failed (%s): new producer", abort_error)
+            self._producer.purge()
+            self._producer = Producer(self._settings)
+            self._ready = False
 
 
 def _produce(
@@ -311,7 +380,6 @@ def _position(store: PartitionStore, meta: bytes | None, loaded: int) -> int | N
         return None
     offset = _OFFSET.unpack_from(meta)[0]
     store.load_position(offset, unpack_history(meta[_OFFSET.size :]))
-    store.mark_changelogged(True)
     log.info(
         "restored %s|%s from its changelog: %d records, at offset %d",
         store.topic,

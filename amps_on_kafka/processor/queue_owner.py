@@ -14,10 +14,17 @@ The cooperative-sticky assignor keeps the partition where it is when a member jo
 a worker starting does not take a queue away from its owner. The election consumers read
 nothing: partition 0 is paused as soon as it is assigned.
 
-A member that stops polling for longer than its session timeout while alive (a frozen
-process) is dropped by the group, and may run the queue beside the new owner until it
-polls again and hears of the loss; Kafka's events log has no fence against that
-(docs/scaling.md).
+The group alone can't stop a member that stops polling for longer than its session
+timeout while alive (a frozen process): the group drops it and gives the queue to
+another, and the frozen one resumes believing it still owns the queue. Kafka fences it:
+the owner writes the queue's events through a transactional producer whose
+transactional.id is the queue's (processor/queue_events.py), and a new owner's
+init_transactions, before it reads the events, makes every later write of the old one
+fail. The old owner learns so at its next commit, before it answers any ack, and stops
+serving the queue at once: its waiting acks and its subscriptions end with `retry: queue
+moving`, and it resigns from the group (`resign`: leaves and joins again), which keeps the
+queue with the new owner. After a stall its deliveries wait for such a commit too
+(queue_runtime.py, STALL), so it delivers nothing once the new owner has opened.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -58,6 +66,7 @@ class QueueOwnership:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="amps-queue-owner", daemon=True)
         self._consumers: dict[str, Consumer] = {}
+        self._resigned: deque[str] = deque()  # queues to leave and join again (fenced)
         # set at each queue's first assignment (this worker's share, empty or not)
         self.settled = {name: threading.Event() for name in queues}
 
@@ -79,6 +88,13 @@ class QueueOwnership:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def resign(self, name: str) -> None:
+        """Any thread: leave the queue's group and join it again (on the election's
+        thread), once this worker stopped running the queue because its events writer
+        was fenced: the group then gives the queue to whichever member it chooses (the
+        new owner keeps it; this worker again, if it is alone)."""
+        self._resigned.append(name)
+
     def _join(self, name: str) -> Consumer:
         consumer = reader(
             self.bootstrap,
@@ -90,7 +106,10 @@ class QueueOwnership:
                 "auto.offset.reset": "latest",
             },
         )
+        self._subscribe(name, consumer)
+        return consumer
 
+    def _subscribe(self, name: str, consumer: Consumer) -> None:
         def assigned(consumer: Consumer, partitions: list[TopicPartition]) -> None:
             if partitions:
                 consumer.incremental_assign(partitions)
@@ -107,7 +126,6 @@ class QueueOwnership:
         consumer.subscribe(
             [events_topic(name)], on_assign=assigned, on_revoke=revoked, on_lost=revoked
         )
-        return consumer
 
     def _run(self) -> None:
         consumers = list(self._consumers.values())
@@ -115,6 +133,11 @@ class QueueOwnership:
             while not self._stop.is_set():
                 for consumer in consumers:
                     consumer.poll(POLL_WAIT)  # paused: returns no records, runs callbacks
+                while self._resigned:
+                    name = self._resigned.popleft()
+                    log.info("queue %s: leaving its owner group to join again", name)
+                    self._consumers[name].unsubscribe()
+                    self._subscribe(name, self._consumers[name])
         except KafkaException as exc:
             log.error("queue ownership stopped: %s", exc)
         finally:

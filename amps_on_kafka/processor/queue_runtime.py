@@ -5,6 +5,7 @@ their way to subscribers; the durability rules are in its docstring."""
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections import Counter, deque
@@ -19,6 +20,7 @@ from confluent_kafka.admin import NewTopic
 from amps_on_kafka.config import QueueConfig
 from amps_on_kafka.errors import (
     AmpsError,
+    PartitionsMoving,
     PublishError,
     TransportError,
     UnknownTopic,
@@ -42,9 +44,11 @@ from amps_on_kafka.log.kafka import (
     reader,
 )
 from amps_on_kafka.processor.collections import collections_paused
+from amps_on_kafka.processor.queue_events import EventsWriter, Pending
 from amps_on_kafka.state.queue import QueueState
 from amps_on_kafka.state.queue_store import (
     QueueStore,
+    StoredQueue,
     decode_events,
     encode_events,
     queue_store_path,
@@ -72,8 +76,10 @@ MAX_WAIT = 0.05  # seconds: bounds lease and expiry lag, and checkpoint delay
 RECOVERY_EVERY = 1.0  # seconds between commits of the recovery point to Kafka
 CHECKPOINT_EVERY = 0.2  # seconds: a message acked sooner never costs a RocksDB write
 DISCOVER_EVERY = 5.0  # seconds between looks for new topics that UnderlyingTopic matches
+# A turn of the queue's thread longer than this (a frozen process) may have outlived the
+# ownership (the least session timeout is 1 s): deliveries then wait for a commit.
+STALL = 0.5
 _NO_COMMITTED = -1001
-
 
 
 def now_ms() -> int:
@@ -105,9 +111,16 @@ class QueueRuntime:
             target=self._run, name=f"amps-queue-{self.name}", daemon=True
         )
         self._store_lock = threading.Lock()
+        self._closing = threading.Lock()
         self._halted = threading.Event()  # this runtime stops; the engine may go on
+        self._writer = EventsWriter(
+            engine.bootstrap, self.name, self._transaction_committed, self._lost, self._failed
+        )
+        self.refusal: AmpsError | None = None  # why commands fail now (fenced, moved)
+        self._turned = time.monotonic()  # when the queue's thread last turned
+        self._suspect_from = 0  # >0 after a stall: deliveries wait for this sequence
         self._produced = 0  # events records produced (a sequence number)
-        self._durable = 0  # the last one Kafka acknowledged
+        self._durable = 0  # the last one committed to Kafka
         self._durable_next = 0  # the events offset after it
         # checkpoints waiting for their events: [events needed, batch, events offset or None]
         self._pending: deque[list[Any]] = deque()
@@ -135,14 +148,23 @@ class QueueRuntime:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def drain(self, timeout: float) -> None:
+        """Until the events produced so far are committed (after the last checkpoint)."""
+        self._writer.drain(timeout)
+
     def close(self) -> None:
-        if self._consumer is not None:
-            self._commit_recovery(force=True)
-            self._consumer.close()
-        self._admin = None  # an AdminClient has no close(): dropping it lets its threads go
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        """Once; both the election (release) and the writer (fenced) may call it."""
+        with self._closing:
+            self._writer.close()
+            if self._consumer is not None:
+                if self.refusal is None:  # fenced: the recovery point is the new owner's
+                    self._commit_recovery(force=True)
+                self._consumer.close()
+                self._consumer = None
+            self._admin = None  # an AdminClient has no close(): dropping it lets its threads go
+            if self.store is not None:
+                self.store.close()
+                self.store = None
 
     def _in_log(self, message: MessageId) -> bool:
         """Whether Kafka holds `message`, which the queue has not read: an early ack is
@@ -150,10 +172,13 @@ class QueueRuntime:
         end of the log would silently swallow whatever is published there later."""
         topic, partition, offset = message
         where = TopicPartition(topic, partition)
+        consumer = self._consumer
+        if consumer is None:  # closed: the queue moved
+            return False
         try:
-            _, end = self._consumer.get_watermark_offsets(where, cached=True)  # type: ignore[union-attr]
+            _, end = consumer.get_watermark_offsets(where, cached=True)
             if offset >= end:  # the cached end may be behind: ask the broker
-                _, end = self._consumer.get_watermark_offsets(where, timeout=METADATA_TIMEOUT)  # type: ignore[union-attr]
+                _, end = consumer.get_watermark_offsets(where, timeout=METADATA_TIMEOUT)
         except KafkaException:
             return False
         return offset < end
@@ -164,6 +189,7 @@ class QueueRuntime:
         read the underlying topics from where the state ends."""
         admin = admin_client(self.engine.bootstrap)
         _ensure_events_topic(admin, self.events_topic)
+        self._writer.open()  # fences the previous owner before its events are read
         self._consumer = reader(
             self.engine.bootstrap,
             **{"group.id": f"{GROUP_PREFIX}{self.name}", "auto.offset.reset": "earliest"},
@@ -172,8 +198,7 @@ class QueueRuntime:
         partitions = self._underlying(admin)
         if not partitions:
             raise UnknownTopic(f"no topic matches UnderlyingTopic {self.config.topic_pattern!r}")
-        self.store = QueueStore(queue_store_path(self.engine.state_dir, self.name))
-        stored = self.store.load(self._codecs.get)
+        stored = self._open_store()
         if stored is not None:
             starts, events_from = stored.positions, stored.events_offset
         else:
@@ -190,6 +215,7 @@ class QueueRuntime:
         self._durable_next = self._replay_events(events_from)
         state.ev_next = self._durable_next
         self._read = True
+        self._turned = time.monotonic()  # recovering is no stall
         self._consumer.assign(
             [TopicPartition(t, p, state.positions[(t, p)]) for t, p in partitions]
         )
@@ -199,6 +225,28 @@ class QueueRuntime:
             state.depth,
             len(partitions),
         )
+
+    def _open_store(self) -> StoredQueue | None:
+        """The store, unless the events since it are no longer all in the events topic
+        (retention deleted some: a worker that owned the queue long ago): it is then
+        emptied, and the queue rebuilt from the recovery point its last owner committed."""
+        path = queue_store_path(self.engine.state_dir, self.name)
+        self.store = QueueStore(path)
+        stored = self.store.load(self._codecs.get)
+        kept = watermarks(self._consumer, [(self.events_topic, 0)])[(self.events_topic, 0)].low  # type: ignore[arg-type]
+        if stored is None or stored.events_offset >= kept:
+            return stored
+        log.warning(
+            "queue %s: its store needs the events from offset %d, the events topic keeps "
+            "them from %d: rebuilt from the recovery point instead",
+            self.name,
+            stored.events_offset,
+            kept,
+        )
+        self.store.close()
+        shutil.rmtree(path)
+        self.store = QueueStore(path)
+        return None
 
     def _underlying(self, admin) -> list[TP]:
         """Every partition of the topics UnderlyingTopic matches now, codecs known."""
@@ -247,10 +295,21 @@ class QueueRuntime:
         return offsets, events
 
     def _replay_events(self, start: int) -> int:
-        """Apply the events recorded after the state's events offset; returns the end."""
-        consumer = reader(self.engine.bootstrap)
+        """Apply the events committed after the state's events offset; returns the end.
+        Read read_committed: what a fenced owner wrote after this one opened is aborted."""
+        consumer = reader(self.engine.bootstrap, **{"isolation.level": "read_committed"})
+        where = TopicPartition(self.events_topic, 0)
         try:
             end = watermarks(consumer, [(self.events_topic, 0)])[(self.events_topic, 0)]
+            if start < end.low:
+                log.error(
+                    "queue %s: its state needs the events from offset %d, the events topic "
+                    "keeps them from %d (retention): acks recorded before are lost, and "
+                    "their messages may be delivered again",
+                    self.name,
+                    start,
+                    end.low,
+                )
             start = max(start, end.low)
             position = start
             if start < end.high:
@@ -259,11 +318,13 @@ class QueueRuntime:
             while position < end.high:
                 if time.monotonic() > deadline:
                     raise TransportError(f"queue {self.name}: timed out replaying its events")
-                for record in consumer.consume(1000, timeout=0.5):
+                for record in consume_available(consumer, 1000, 0.1):
                     if record.error() is None and record.offset() < end.high:
                         for event in decode_events(record.value()):
                             self.state.apply_event(event)
                         position = record.offset() + 1
+                if position < end.high:  # transaction markers are read past, never returned
+                    position = max(position, consumer.position([where])[0].offset)
             return end.high
         finally:
             consumer.close()
@@ -316,6 +377,7 @@ class QueueRuntime:
                 read = self._entries(records) if records else ()
                 del records
                 with engine.lock:
+                    self._turn()
                     for item in read:
                         if isinstance(item, QueueEntry):
                             state.enqueue(item)
@@ -330,6 +392,24 @@ class QueueRuntime:
             self._commit_recovery()
             if self.ready.is_set():
                 self._discover()
+
+    def _turn(self) -> None:
+        """Under the engine lock, each turn of the queue's thread: after a stall (the
+        process frozen, maybe past the ownership's session timeout) deliveries wait until
+        a transaction proves no other worker took the queue meanwhile."""
+        now = time.monotonic()
+        self._stalled(now)
+        self._turned = now
+
+    def _stalled(self, now: float) -> bool:
+        if now - self._turned > STALL and not self._suspect_from:
+            log.warning(
+                "queue %s: stalled %.1f s; deliveries wait for a commit",
+                self.name,
+                now - self._turned,
+            )
+            self._suspect_from = self._produced + 1
+        return self._suspect_from > 0
 
     def _wait(self) -> float:
         due = self.state.next_due()
@@ -419,7 +499,10 @@ class QueueRuntime:
         for entry in box.dead_letters:
             self._dead_letter(entry)
         deferred = None
-        if box.events:
+        if box.deliveries and self._stalled(time.monotonic()):
+            deferred = box.deliveries
+            self._produce(box.events, deferred)  # an empty record still proves the fence
+        elif box.events:
             deferred = box.deliveries if self.state.policy.records_deliveries else None
             self._produce(box.events, deferred)
         if deferred is None and box.deliveries:
@@ -439,23 +522,15 @@ class QueueRuntime:
 
     def _produce(self, events, deferred: list[Delivery] | None) -> None:
         self._produced += 1
-        report = partial(self._reported, self._produced, deferred)
-        producer = self.engine.producer
-        while True:
-            try:
-                producer.produce(
-                    self.events_topic, encode_events(events), partition=0, on_delivery=report
-                )
-                return
-            except BufferError:
-                producer.poll(0.05)
+        record = Pending(self.events_topic, encode_events(events), None, self._produced, deferred)
+        self._writer.add(record)
 
     def _dead_letter(self, entry: QueueEntry) -> None:
         target = self.config.dead_letter_topic
         if target is None:
             return
         headers = dead_letter_headers(entry.headers, "expired", entry.bookmark)
-        self.engine.producer.produce(target, entry.payload, headers=headers)
+        self._writer.add(Pending(target, entry.payload, headers))
         log.warning(
             "queue %s: %s expired (Expiration or MaxDeliveries): dead letter to %s",
             self.name,
@@ -469,33 +544,51 @@ class QueueRuntime:
             },
         )
 
-    def _reported(
-        self,
-        sequence: int,
-        deferred: list[Delivery] | None,
-        error: KafkaError | None,
-        record: Message,
+    def _transaction_committed(
+        self, sequence: int, following: int | None, deferred: list[list[Delivery] | None]
     ) -> None:
-        """A delivery report for an events record (the poller's thread)."""
-        if error is not None:
-            self._failed(f"the queue-events topic refused a record: {error.str()}")
-            return
-        following = record.offset() + 1
-        self.state.ev_next = max(self.state.ev_next, following)
+        """A transaction committed, its last events record `sequence`, the events offset
+        after it `following` (the writer's thread): acks answered, checkpoints released,
+        deferred deliveries sent."""
         with self._store_lock:
-            self._durable, self._durable_next = sequence, following
+            if following is not None:
+                self.state.ev_next = max(self.state.ev_next, following)
+                self._durable_next = following
+            self._durable = max(self._durable, sequence)
             for waiting in self._pending:
-                if waiting[0] == sequence:
-                    waiting[2] = following
+                if waiting[2] is None and waiting[0] <= self._durable:
+                    waiting[2] = self._durable_next
             self._commit_known()
             done = []
-            while self._waiters and self._waiters[0][0] <= sequence:
+            while self._waiters and self._waiters[0][0] <= self._durable:
                 done.append(self._waiters.popleft())
         for _, call, result in done:
             call(result)
-        if deferred:
-            with self.engine.lock:
-                self.engine.send(self.name, deferred)
+        with self.engine.lock:
+            if self._suspect_from and sequence >= self._suspect_from:
+                self._suspect_from = 0  # still the owner after the stall
+            for deliveries in deferred:
+                if deliveries and self.refusal is None:
+                    self.engine.send(self.name, deliveries)
+
+    def _lost(self, reason: str) -> None:
+        """The writer is fenced (another worker opened the queue) or failed for good (the
+        writer's thread): stop serving the queue at once, with retry: for every waiting
+        ack and subscription, and let the election move it. A queue not shared among
+        workers has no election to move it: it fails until a restart."""
+        if self.engine.ownership is None:
+            self._halted.set()
+            self._failed(reason)
+            return
+        log.error("queue %s: %s; this worker stops serving it", self.name, reason)
+        self.refusal = PartitionsMoving(f"retry: queue moving ({self.name}: {reason})")
+        self.failure = self.refusal.reason  # no checkpoint more
+        self._halted.set()
+        with self._store_lock:
+            waiters, self._waiters = self._waiters, deque()
+        for _, call, _ in waiters:
+            call(self.refusal)
+        self.engine.fenced(self)
 
     def _failed(self, reason: str) -> None:
         """The events log lost a record: memory and the logs disagree until a restart."""
@@ -519,6 +612,9 @@ class QueueRuntime:
     def _when_durable(self, done: Done, result: Any) -> None:
         """`done(result)` once every event so far is durable (from the delivery reports'
         thread), or `done(error)` if one is lost."""
+        if self.refusal is not None:
+            done(self.refusal)
+            return
         if self.failure is not None:
             done(PublishError(self.failure))
             return

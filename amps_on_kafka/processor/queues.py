@@ -19,9 +19,10 @@ function of two logs, and the store is a checkpoint of it:
   removed, and the events offset that can still concern those messages) is committed
   to that group, so another worker can rebuild the queue from the logs without a store.
 
-Threads: one per queue reads its topics and runs the clock; one serves Kafka delivery
-reports. All state is changed under `lock`; deliver callbacks are called under it and
-must only hand work off.
+Threads: one per queue reads its topics and runs the clock; one per queue writes its
+events in transactions (processor/queue_events.py: the fence between owners). All state
+is changed under `lock`; deliver callbacks are called under it and must only hand work
+off.
 """
 
 from __future__ import annotations
@@ -47,9 +48,6 @@ from amps_on_kafka.errors import (
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.bookmarks import Position, parse_bookmark
 from amps_on_kafka.log.codecs import Codec
-from amps_on_kafka.log.kafka import (
-    log_producer,
-)
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.queue_owner import QueueOwnership
 from amps_on_kafka.processor.queue_runtime import (
@@ -123,14 +121,13 @@ class QueueEngine:
         self.registry = registry or TopicRegistry(bootstrap)
         self.lock = threading.RLock()
         self.settled = threading.Condition(self.lock)  # notified at the end of every settle
-        self.producer = log_producer(bootstrap)
         self.names = [q.name for q in config.queues]
         # the queues run here: every one, or those this worker owns (`share`)
         self.runtimes = {q.name: QueueRuntime(self, q) for q in config.queues}
         self.ownership: QueueOwnership | None = None
         self._listeners: list[Callable[[str], None]] = []
         self._stop = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="amps-queue-reports", daemon=True)
+        self._started = False
 
     # -- lifecycle -----------------------------------------------------------------
     def share(self, session_timeout: float) -> None:
@@ -149,7 +146,7 @@ class QueueEngine:
         return list(self.runtimes)
 
     def start(self) -> None:
-        self._poller.start()
+        self._started = True
         for runtime in self.runtimes.values():
             runtime.start()
         if self.ownership is not None:
@@ -174,9 +171,23 @@ class QueueEngine:
         runtime.halt()
         with self.lock:
             runtime.checkpoint()
-        self.producer.flush(30.0)
+        runtime.drain(30.0)
         runtime.commit_ready()
         runtime.close()
+
+    def fenced(self, runtime: QueueRuntime) -> None:
+        """The runtime's events writer was fenced (another worker took the queue while
+        this one did not hear of it) or failed for good: stop it at once, without a
+        checkpoint (what it changed since its last commit was never durable), end its
+        subscriptions with retry:, and leave the election so that it moves."""
+        with self.lock:
+            if self.runtimes.get(runtime.name) is runtime:
+                del self.runtimes[runtime.name]
+        self._tell(runtime.name)
+        runtime.join(30.0)
+        runtime.close()
+        if self.ownership is not None:
+            self.ownership.resign(runtime.name)
 
     def _tell(self, name: str) -> None:
         for listener in self._listeners:
@@ -198,31 +209,23 @@ class QueueEngine:
                     raise TransportError(f"queue {runtime.name} not ready after {timeout}s")
 
     def stop(self, timeout: float = 30.0) -> None:
-        if not self._poller.is_alive():
+        if not self._started:
             return
+        self._started = False
         if self.ownership is not None:
             self.ownership.stop(timeout)  # releases the queues owned here
         self._stop.set()
-        for runtime in self.runtimes.values():
+        with self.lock:
+            runtimes = list(self.runtimes.values())  # one fenced meanwhile leaves the dict
+        for runtime in runtimes:
             runtime.join(timeout)
         with self.lock:
-            for runtime in self.runtimes.values():
+            for runtime in runtimes:
                 runtime.checkpoint()
-        self.producer.flush(timeout)
-        for runtime in self.runtimes.values():
+        for runtime in runtimes:
+            runtime.drain(timeout)
             runtime.commit_ready()
-        self._poller.join(timeout)
-        self.producer.close()
-        for runtime in self.runtimes.values():
             runtime.close()
-
-    def _poll(self) -> None:
-        """Serve delivery reports: they complete acks and release checkpoints."""
-        while not self._stop.is_set():
-            try:
-                self.producer.poll(0.1)
-            except Exception:  # a bug in a report handler must not stop the reports
-                log.exception("serving queue-events delivery reports failed")
 
     # -- topics --------------------------------------------------------------------
     def is_queue(self, topic: str) -> bool:

@@ -31,12 +31,7 @@ from confluent_kafka import (
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import AmpsError, ConfigError, TransportError
-from amps_on_kafka.log.envelope import (
-    EnvelopeError,
-    is_plain_publish,
-    read_headers,
-    unreadable_headers,
-)
+from amps_on_kafka.log.envelope import EnvelopeError
 from amps_on_kafka.log.kafka import (
     CONSUMER_TUNING,
     METADATA_TIMEOUT,
@@ -68,11 +63,10 @@ from amps_on_kafka.processor.dead_letters import (
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.processor.repartition import Repartitioner, consumed_topic
-from amps_on_kafka.processor.staging import log_messages, stage, stage_expiry
+from amps_on_kafka.processor.staging import log_messages, replace_blind, stage, stage_expiry
 from amps_on_kafka.processor.standby import Standby
 from amps_on_kafka.processor.startup import StateDirLock, check_serves_something, check_topics
 from amps_on_kafka.state.events import BatchApplied, Change, ChangeKind, CommandResult
-from amps_on_kafka.state.record import NEVER, pack_record
 from amps_on_kafka.state.sow import ExpirySchedule, SowRules, fill_previous
 from amps_on_kafka.state.store import PartitionStore, Replacements, store_path
 
@@ -648,45 +642,15 @@ class Worker:
         """The fast path: a batch of plain publishes where a publish replaces its record
         unread (SowRules.blind_publishes, and no oof subscriber wants old records) is
         staged as records to store, with no envelope, SowRecord or Change object per
-        record. Returns None unless every record is a plain publish with a valid
-        payload whose key belongs in this partition: then the general path applies the
-        batch, and rejects what it must. The placement check hashes the batch's keys at
-        once (Placement.misplaced), which costs far less than one hash per record. A
-        record whose headers don't read goes in `unreadable` (log/envelope.py headers_of
-        says why they must not be read again).
+        record (staging.replace_blind). Returns None unless every record is a plain
+        publish with a valid payload whose key belongs in this partition: then the
+        general path applies the batch, and rejects what it must.
         """
         if not rules.blind_publishes or self.engine.wants_previous(rules.topic):
             return None
         if rules.schedules[store.partition].expires_from(records[0].offset()):
             return None  # records from before expiration was turned off keep it
-        decode, key_of = rules.codec.decode, rules.keys
-        staged = store.replacements()
-        put, pairs = staged.put, staged.pairs
-        raw_keys: list[bytes] = []
-        try:
-            for record in records:
-                payload = record.value()
-                if payload is None:
-                    return None
-                try:
-                    headers = read_headers(record)
-                except (SystemError, UnicodeDecodeError) as exc:
-                    unreadable[record.offset()] = unreadable_headers(exc)
-                    return None
-                if not is_plain_publish(headers):
-                    return None
-                key = key_of(decode(payload))
-                raw = key.encode()
-                stored = pack_record(record.offset(), record.timestamp()[1], NEVER, payload)
-                put(raw, stored)
-                pairs.append((key, stored))
-                raw_keys.append(raw)
-        except Exception:  # MessageError, or anything odd: the general path says why
-            return None
-        placement = rules.placement
-        if placement is not None and placement.misplaced(raw_keys, store.partition):
-            return None
-        return staged
+        return replace_blind(store, rules, records, unreadable)
 
     def _write_replacements(self, store: PartitionStore, staged: Replacements, end: int) -> None:
         self._log_changes(store, encoded_pairs(staged.pairs), end)

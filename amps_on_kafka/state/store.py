@@ -33,7 +33,8 @@ from amps_on_kafka.state.record import NEVER, SowRecord, deadline_of
 COLUMN_FAMILIES = ("sow", "expiry", "meta")
 _OFFSET_KEY = b"next_offset"
 _EXPIRY_KEY = b"expiry_history"
-_CHANGELOG_KEY = b"changelogged"  # present: every change of the state is in the changelog
+# present: every change of the state is in the changelog whose Kafka topic id it holds
+_CHANGELOG_KEY = b"changelogged"
 _EXPIRY_ENTRY = struct.Struct(">qq?")  # from offset, default in ms (-1: none), expiring
 History = list[tuple[int, int | None, bool]]  # (from offset, default ms or None, expiring)
 _UNREAD = object()
@@ -350,16 +351,19 @@ class PartitionStore:
         self._commit(writes, next_offset)
         self.flush()
 
-    def changelogged(self) -> bool:
-        """Whether the changelog has had every change of this store's state: it was
-        restored from it, started empty with it, or was copied into it
-        (processor/changelog.py); not if it was written while the changelog was off."""
-        return self._meta.get(_CHANGELOG_KEY) is not None
+    def changelogged(self) -> str | None:
+        """The Kafka topic id of the changelog that has had every change of this store's
+        state (it was restored from it, started empty with it, or was copied into it:
+        processor/changelog.py); None if it was written while the changelog was off. A
+        changelog deleted and created again has another id: the store is copied into it.
+        A mark written before ids were kept reads "" (no id matches it)."""
+        raw = self._meta.get(_CHANGELOG_KEY)
+        return None if raw is None else raw.decode()
 
-    def mark_changelogged(self, on: bool) -> None:
+    def mark_changelogged(self, topic_id: str | None) -> None:
         writes = WriteBatch(raw_mode=True)
-        if on:
-            writes.put(_CHANGELOG_KEY, b"", self._handles["meta"])
+        if topic_id is not None:
+            writes.put(_CHANGELOG_KEY, topic_id.encode(), self._handles["meta"])
         else:
             writes.delete(_CHANGELOG_KEY, self._handles["meta"])
         self._commit(writes, None)

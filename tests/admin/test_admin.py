@@ -35,6 +35,7 @@ EVERY_METRIC = {
     "amps_sow_expired_total",
     "amps_dead_letter_failures_total",
     "amps_changelog_failures_total",
+    "amps_changelog_lost_total",
     "amps_records_rejected_total",
     "amps_worker_up",
     "amps_partition_applied_offset",

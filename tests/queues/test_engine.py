@@ -7,12 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
@@ -54,6 +56,45 @@ def test_subscription_is_pushed_messages_with_bookmark_and_lease_period_up_to_it
     result = engine.ack(queue, ",".join(m.bookmark for m in first[:2]), "s1").result(10)
     assert result.acked == 2
     assert [m.data["n"] for m in inbox.wait_for(5)[3:]] == [3, 4]
+
+
+def test_acks_of_several_sessions_are_applied_as_one_record_each_with_its_result(
+    queue_config, engines, publisher
+):
+    """ack_many (the gateway's acks nobody waits for): one events record for the batch,
+    and each ack's own result once it is durable; a refused one names its bookmark."""
+    config = queue_config(LeasePeriod="30s")
+    queue = config.queues[0].name
+    engine = engines(config)
+    first, second = Inbox(), Inbox()
+    engine.subscribe(queue, first, session="s1", sub_id="a", max_backlog=2)
+    engine.subscribe(queue, second, session="s2", sub_id="b", max_backlog=2)
+    publish(publisher, queue, range(4))
+    mine, theirs = first.wait_for(2), second.wait_for(2)
+    results: list = []
+    done = threading.Event()
+
+    def collect(outcome) -> None:
+        results.append(outcome)
+        if len(results) == 3:
+            done.set()
+
+    ids = [m.id for m in mine]
+    engine.ack_many(
+        [
+            ("ack", queue, ids, "s1", collect),
+            ("ack", queue, [theirs[0].id], "s2", collect),
+            ("ack", queue, [theirs[1].id], "s1", collect),  # not its lease (Leasing strict)
+        ]
+    )
+    assert done.wait(20)
+    assert [r.acked for r in results] == [2, 1, 0]
+    assert results[2].refused == (theirs[1].bookmark,)
+    removals = [r for r in event_records(engine, queue) if r]
+    assert [sorted(e.id[2] for e in r) for r in removals] == [
+        sorted([*(i[2] for i in ids), theirs[0].id[2]])
+    ]
+    assert engine.runtimes[queue].state.depth == 1
 
 
 def test_an_ack_is_answered_only_once_it_is_durable_in_the_queue_events_topic(
@@ -266,6 +307,33 @@ def test_a_worker_without_the_store_rebuilds_the_queue_from_the_logs(
     second = engines(config, tmp_path / "two")
     assert [m.bookmark for m in second.browse(queue)] == before
     assert second.runtimes[queue].state.recovery_point().offsets[(queue, 0)] == 3
+
+
+def test_a_store_whose_events_retention_deleted_is_set_aside_for_the_recovery_point(
+    queue_config, engines, publisher, bootstrap, tmp_path
+):
+    """A worker that owned the queue long ago has a store needing events retention has
+    since deleted: replaying what is left would forget the acks of the owners since and
+    deliver their messages again. The store is emptied and the queue rebuilt from the
+    recovery point (docs/scaling.md, the retention queues need)."""
+    config = queue_config()
+    queue = config.queues[0].name
+    publish(publisher, queue, range(10))
+    for state_dir, acked in ((tmp_path / "old", range(3)), (tmp_path / "new", range(3, 6))):
+        engine = engines(config, state_dir)
+        inbox = Inbox()
+        engine.subscribe(queue, inbox, session="s", sub_id="a", max_backlog=100)
+        messages = inbox.wait_for(10 - acked.start)
+        engine.ack(queue, [m.bookmark for m in messages if m.data["n"] in acked], "s").result(10)
+        engine.stop()  # stores its state and commits the recovery point (offset 6)
+    events = reader(bootstrap)
+    _, high = events.get_watermark_offsets(TopicPartition(events_topic(queue), 0), timeout=10)
+    events.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deleted = admin.delete_records([TopicPartition(events_topic(queue), 0, high)])
+    assert next(iter(deleted.values())).result(10).low_watermark == high  # "retention"
+    again = engines(config, tmp_path / "old")
+    assert [m.data["n"] for m in again.browse(queue)] == list(range(6, 10))
 
 
 def _committed(bootstrap: str, queue: str) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -52,6 +52,16 @@ def owner_of(bootstrap: str, group: str, queue: str) -> str:
             assert time.monotonic() < deadline, f"no owner of {queue} announced"
     finally:
         consumer.close()
+
+
+def publish(address: str, queue: str, numbers: Iterable[int]) -> None:
+    """Publish {"n": n} to `queue` through the gateway at `address`, and flush."""
+    with Client(f"publisher-{uuid.uuid4().hex[:6]}") as client:
+        client.connect(address)
+        client.logon(10)
+        for n in numbers:
+            client.publish(queue, {"n": n})
+        client.publish_flush()
 
 
 def retried(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
+from amps_on_kafka.admin.view import worker_view
 from amps_on_kafka.config import Config, load_config
 from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.log.kafka import admin_client, end_offsets, reader
@@ -28,6 +29,7 @@ from amps_on_kafka.processor.changelog import (
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.state.record import NEVER, pack_record
 from amps_on_kafka.state.store import PartitionStore
+from tests.conftest import delete_topics
 from tests.scaling.helpers import session_timeout
 from tests.sow.test_worker import reference_sow
 
@@ -327,3 +329,43 @@ def test_records_deleted_before_any_worker_applied_them_are_reported_not_lost_si
     worker.wait_caught_up(sow_topic, end_offsets(bootstrap, sow_topic), 10)
     assert worker.next_offsets(sow_topic) == end_offsets(bootstrap, sow_topic)
     until(lambda: worker.lag() == {(sow_topic, 0): 0, (sow_topic, 1): 0}, "a lag left")
+
+
+def test_a_changelog_deleted_by_hand_is_noticed_and_filled_again(
+    bootstrap, sow_topic, client, run_worker, tmp_path, caplog
+):
+    """The changelog topic deleted while a worker runs, then again while none runs (its
+    stores on disk): each time the worker logs an error naming it, creates it again and
+    copies its stores into it (counted, amps_changelog_lost_total), so a worker on an
+    empty directory, with the log deleted, restores the whole SOW from it, not only
+    what came after the deletion."""
+    config, group = config_of(sow_topic, bootstrap), f"g-{uuid.uuid4().hex[:8]}"
+    name, state = changelog_topic(group, sow_topic), tmp_path / "state"
+    publish_range(client, sow_topic, 0, 10)
+    worker = run_worker(config, state, group)
+    caught_up(worker, bootstrap, sow_topic)
+    delete_topics(bootstrap, [name])
+    until(lambda: worker_view(worker)["changelog_lost"] == 2, "a deletion not noticed")
+    assert any(name in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+    publish_range(client, sow_topic, 10, 20)
+    caught_up(worker, bootstrap, sow_topic)
+    worker.stop()
+    delete_topics(bootstrap, [name])
+    again = run_worker(config, state, group)
+    assert again.changelog_lost == 2  # both stores, when they were assigned
+    publish_range(client, sow_topic, 20, 25)
+    caught_up(again, bootstrap, sow_topic)
+    expected = held(again, sow_topic)
+    again.stop()
+    assert sorted(expected, key=int) == [str(i) for i in range(25)]
+    delete_log(bootstrap, sow_topic)
+    fresh = run_worker(config, tmp_path / "fresh", group)
+    caught_up(fresh, bootstrap, sow_topic)
+    assert fresh.applied == 0 and fresh.changelog_lost == 0
+    assert held(fresh, sow_topic) == expected
+
+
+def publish_range(client, topic: str, start: int, end: int) -> None:
+    for i in range(start, end):
+        client.publish(topic, {"id": i, "v": i})
+    client.publish_flush(10)

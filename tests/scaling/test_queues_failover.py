@@ -21,24 +21,14 @@ import uuid
 import pytest
 import yaml
 
-from amps_on_kafka.client import Client
 from amps_on_kafka.processor.queue_runtime import events_topic
 from tests.conftest import delete_topics
-from tests.scaling.helpers import Consumer, owner_of, retried, session_timeout
+from tests.scaling.helpers import Consumer, owner_of, publish, retried, session_timeout
 from tests.scaling.workers import WorkerProcess
 
 MESSAGES = 40
 ACKED_BEFORE = 15  # acked (durably) before the owner dies
 HELD = 5  # leased to the consumer, not acked, when the owner dies
-
-
-def publish(address: str, queue: str, numbers: range) -> None:
-    with Client(f"publisher-{uuid.uuid4().hex[:6]}") as client:
-        client.connect(address)
-        client.logon(10)
-        for n in numbers:
-            client.publish(queue, {"n": n})
-        client.publish_flush()
 
 
 @pytest.mark.timeout(180)

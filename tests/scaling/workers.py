@@ -87,6 +87,13 @@ class WorkerProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP: alive but silent (a long pause); `thaw` resumes it."""
+        self.process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+
+    def thaw(self) -> None:
+        self.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
