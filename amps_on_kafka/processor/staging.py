@@ -4,13 +4,68 @@ writes (processor/standby.py). One code path, so both stores hold the same state
 
 from __future__ import annotations
 
+from collections import deque
+
 from confluent_kafka import Message
 
-from amps_on_kafka.log.envelope import Command, EnvelopeError
+from amps_on_kafka.log.envelope import (
+    Command,
+    EnvelopeError,
+    plain_publishes,
+    read_headers,
+    unreadable_headers,
+)
 from amps_on_kafka.log.message import LogMessage
 from amps_on_kafka.state.events import Change
+from amps_on_kafka.state.record import NEVER, pack_header
 from amps_on_kafka.state.sow import Applied, SowRules
-from amps_on_kafka.state.store import PartitionStore, StateBatch
+from amps_on_kafka.state.store import PartitionStore, Replacements, StateBatch
+
+
+def replace_blind(
+    store: PartitionStore,
+    rules: SowRules,
+    records: list[Message],
+    unreadable: dict[int, EnvelopeError],
+) -> Replacements | None:
+    """A batch of plain publishes staged as the records they store, each replacing its
+    key's record unread (Worker._replace_blind says when that may be), or None unless
+    every record is a plain publish with a payload that decodes and a key that belongs
+    in this partition: the general path (`stage`) then applies the batch and rejects
+    what it must. A record whose headers don't read goes in `unreadable` (headers are
+    read at most once: log/envelope.py read_headers).
+
+    Each step takes the whole batch (a comprehension, or a map over a C function): no
+    Python frame runs per record, which halved the cost of this path beside the
+    decoding (docs/performance.md, "SOW apply"). A key twice in the batch is put twice,
+    the later last, as the log has it.
+    """
+    headers: list = []
+    try:
+        headers.extend(map(read_headers, records))  # stops at the first that fails
+    except (SystemError, UnicodeDecodeError) as exc:
+        unreadable[records[len(headers)].offset()] = unreadable_headers(exc)
+        return None
+    payloads = [record.value() for record in records]
+    if None in payloads or not plain_publishes(headers):
+        return None
+    try:
+        keys = rules.keys.many(list(map(rules.codec.decode, payloads)))
+        raw_keys = [key.encode() for key in keys]
+    except Exception:  # MessageError, or anything odd: the general path says why
+        return None
+    placement = rules.placement
+    if placement is not None and placement.misplaced(raw_keys, store.partition):
+        return None
+    pack = pack_header
+    stored = [
+        pack(record.offset(), record.timestamp()[1], NEVER) + payload
+        for record, payload in zip(records, payloads, strict=True)
+    ]
+    staged = store.replacements()
+    deque(map(staged.put, raw_keys, stored), maxlen=0)  # every put, in C
+    staged.pairs.extend(zip(keys, stored, strict=True))
+    return staged
 
 
 def log_messages(

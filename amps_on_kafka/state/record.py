@@ -18,9 +18,14 @@ NEVER = 0
 MAX_DEADLINE = 2**63 - 1  # the largest deadline the packed header's signed 64 bits hold
 
 
+#: pack_header(offset, timestamp, deadline): the bytes before the payload of a record as
+#: stored (pack_record), for code that packs a whole batch without a call per record.
+pack_header = _HEADER.pack
+
+
 def pack_record(offset: int, timestamp: int, deadline: int, payload: bytes) -> bytes:
     """A record as stored, built without a SowRecord where nothing else needs one."""
-    return _HEADER.pack(offset, timestamp, deadline) + payload
+    return pack_header(offset, timestamp, deadline) + payload
 
 
 def deadline_of(stored: bytes) -> int:

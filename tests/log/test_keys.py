@@ -1,7 +1,9 @@
 """SOW keys from Key paths: AMPS compares key fields as text."""
 
+import re
+
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from amps_on_kafka.errors import MessageError
@@ -22,6 +24,41 @@ def test_nested_and_numeric_paths():
 def test_a_message_missing_its_key_field_is_rejected_with_the_path(document):
     with pytest.raises(MessageError, match="SOW key field /id"):
         KeyExtractor(["/id"])(document)
+
+
+field_values = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=3)
+    | st.floats()
+    | st.lists(st.integers(), max_size=2)
+)
+documents = (
+    st.dictionaries(
+        st.sampled_from(["id", "a", "other"]),
+        field_values | st.dictionaries(st.just("id"), field_values, max_size=1),
+        max_size=3,
+    )
+    | st.lists(st.integers(), max_size=2)
+    | st.text(max_size=2)
+)
+
+
+@given(st.lists(documents, max_size=8), st.sampled_from([["/id"], ["/a/id"], ["/id", "/a"]]))
+@example([{"id": "a"}, {"id": ""}], ["/id"])  # texts, one empty
+@example([{"id": 1}, {"id": True}], ["/id"])  # a bool among integers
+def test_a_batch_is_keyed_as_each_document_would_be(batch, paths):
+    """KeyExtractor.many (the worker's fast path) gives each document's key, or the error
+    the first without one gives."""
+    extract = KeyExtractor(paths)
+    try:
+        expected = [extract(document) for document in batch]
+    except MessageError as exc:
+        with pytest.raises(MessageError, match=re.escape(str(exc))):
+            extract.many(batch)
+        return
+    assert extract.many(batch) == expected
 
 
 @given(
