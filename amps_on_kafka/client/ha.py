@@ -23,6 +23,7 @@ what fails over there is reaching the cluster (logon) and a restart of the appli
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -40,10 +41,12 @@ from amps_on_kafka.client.publish_store import MemoryPublishStore, PublishStore,
 from amps_on_kafka.client.stream import Item, MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
+from amps_on_kafka.client.uri import shown
 from amps_on_kafka.errors import AmpsError, TransportError
 from amps_on_kafka.log.message import Message
 from amps_on_kafka.log.publisher import FailedWrite
 
+log = logging.getLogger(__name__)
 SOW_DELETE_RESERVE = 10_000  # sequence numbers a sow_delete may use: one per record
 
 
@@ -202,8 +205,12 @@ class HAClient(ClientBase):
                 limit = self.backoff.give_up_after
                 if limit is not None and time.monotonic() - started + delay > limit:
                     raise TransportError(
-                        f"no server answered in {limit}s; last: {uri}: {exc}"
+                        f"no server answered in {limit}s; last: {shown(uri)}: {exc}"
                     ) from exc
+                # By default it never gives up: without this, a wrong URI is a silent hang.
+                log.warning(
+                    "HA client %r: %s: %s; next try in %g s", self.name, shown(uri), exc, delay
+                )
                 time.sleep(delay)
                 continue
             self.chooser.report_success(uri)

@@ -54,7 +54,7 @@ def test_connect_fails_over_to_the_next_uri(bootstrap):
         assert [uri for uri, _ in ha.chooser.failures] == [DEAD]
 
 
-def test_connect_gives_up_after_the_configured_time():
+def test_connect_gives_up_after_the_configured_time(caplog):
     backoff = Backoff(initial=0.05, maximum=0.1, give_up_after=1.5)
     with HAClient("ha-give-up", [DEAD], backoff=backoff, logon_timeout=0.3) as ha:
         started = time.monotonic()
@@ -62,6 +62,12 @@ def test_connect_gives_up_after_the_configured_time():
             ha.connect_and_logon()
         assert time.monotonic() - started < 5
         assert len(ha.chooser.failures) >= 2  # it retried before giving up
+    # each retry is logged: by default an HA client never gives up, and a wrong URI
+    # would otherwise be a silent hang
+    retries = [r for r in caplog.records if r.name == "amps_on_kafka.client.ha"]
+    assert retries and all(r.levelname == "WARNING" for r in retries)
+    assert f"'ha-give-up': {DEAD}: " in retries[0].getMessage()
+    assert "next try in 0.05 s" in retries[0].getMessage()
 
 
 def test_a_reconnect_resubscribes_from_the_recovery_point_with_no_loss_or_duplicate(
@@ -159,3 +165,14 @@ def test_pause_and_resume_through_the_ha_client(bootstrap, filled):
         ha.pause(["p"])
         assert ha.client.bookmark_subscription("p").paused
         stream.close()
+
+
+def test_failed_connects_never_show_the_uri_password(caplog):
+    uri = "tcp://user:s3cret@127.0.0.1:1/amps/json"
+    backoff = Backoff(initial=0.05, maximum=0.05, give_up_after=0.3)
+    ha = HAClient("ha-secret", [uri], backoff=backoff, logon_timeout=0.3)
+    with ha, pytest.raises(TransportError, match=r"user:\*\*\*@") as caught:
+        ha.connect_and_logon()
+    assert "s3cret" not in str(caught.value)
+    logged = [r.getMessage() for r in caplog.records if r.name == "amps_on_kafka.client.ha"]
+    assert logged and not any("s3cret" in line for line in logged)
