@@ -176,7 +176,18 @@ class TcpTransport:
     def logon(self, timeout: float | None) -> None:
         header = {"c": "logon", "client_name": self.client_name}
         _set(header, **self._credentials)
-        reply = self._command(header, timeout=timeout)
+        try:
+            reply = self._command(header, timeout=timeout)
+        except TransportError as exc:
+            if self._lost is None:
+                raise
+            # A gateway that refuses a logon says why first (a failure ack): a close with
+            # no answer is something else listening there.
+            raise TransportError(
+                f"{self.address} closed the connection without answering the logon: no "
+                "worker's gateway listens there (a Kafka broker takes kafka://, a gateway "
+                "with TLS tcps://)"
+            ) from exc
         self.max_frame_bytes = reply.header.get("max_frame_bytes")
 
     def heartbeat(self, timeout: float | None = None) -> None:

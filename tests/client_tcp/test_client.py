@@ -177,3 +177,12 @@ def test_a_republish_keeps_its_original_sequence_over_tcp(
         with direct.bookmark_subscribe(topic, "0", timeout=WAIT) as stream:
             (message,) = list(itertools.takewhile(lambda m: m is not COMPLETED, stream))
     assert (message.publisher_id, message.sequence) == (client.name, 424242)
+
+
+def test_a_logon_to_something_else_than_a_gateway_says_so(bootstrap):
+    """tcp:// to the Kafka broker's port: it hangs up on the first frame."""
+    client = Client("not-a-gateway")
+    client.connect(f"tcp://{bootstrap}/amps/json")
+    with pytest.raises(TransportError, match=r"no worker's gateway listens there .*kafka://"):
+        client.logon(10)
+    client.close()

@@ -58,7 +58,7 @@ def _failure(reply) -> str:
 
 
 def test_plain_tcp_to_the_tls_port_gets_nowhere(secured: Secured) -> None:
-    with pytest.raises(TransportError), Client("plain") as client:
+    with pytest.raises(TransportError, match=r"gateway with TLS tcps://"), Client("p") as client:
         client.connect(f"tcp://{secured.address}/amps/json")
         client.logon(timeout=5)
 
