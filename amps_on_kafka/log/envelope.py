@@ -192,31 +192,6 @@ def is_plain_publish(headers: list[tuple[str, bytes | None]] | None) -> bool:
     return True
 
 
-_PLAIN_NAMES = _TEXT | {H_SEQUENCE}  # the names a plain publish is written with
-
-
-def plain_publishes(batch: list[list[tuple[str, bytes | None]] | None]) -> bool:
-    """Whether every record of a batch is a plain publish (is_plain_publish), its headers
-    (`read_headers` of each) checked all at once.
-
-    Why: the worker's fast path asked is_plain_publish of each record, a Python call and
-    loop that cost more than decoding the payload. Here comprehensions and two joins in
-    C do it: the sequences must each be non-empty and, joined, plain digits; every value
-    must be ASCII, a join failing on a None value. A header name a publisher never
-    writes (any other name) sends the batch to is_plain_publish, record by record.
-    """
-    flat = [header for headers in batch if headers for header in headers]
-    if not {name for name, _ in flat} <= _PLAIN_NAMES:
-        return all(map(is_plain_publish, batch))
-    sequences = [value for name, value in flat if name == H_SEQUENCE]
-    try:
-        text = b"".join([value for _, value in flat])  # type: ignore[misc]
-        digits = b"".join(sequences)  # type: ignore[arg-type]
-    except TypeError:  # a None value
-        return False
-    return text.isascii() and all(sequences) and (not sequences or digits.isdigit())
-
-
 def command_headers(
     publisher_id: bytes | None,
     sequence: int | None,

@@ -4,7 +4,7 @@ import contextlib
 import math
 
 import pytest
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from amps_on_kafka.errors import MessageError
@@ -15,7 +15,6 @@ from amps_on_kafka.log.envelope import (
     EnvelopeError,
     check_expiration,
     is_plain_publish,
-    plain_publishes,
 )
 
 text = st.text(min_size=1, max_size=40)
@@ -96,23 +95,6 @@ def test_a_record_called_a_plain_publish_decodes_to_one(headers):
     envelope = Envelope.from_headers(headers)
     assert envelope.command is Command.PUBLISH
     assert (envelope.expiration, envelope.filter, envelope.sow_keys) == (None, None, None)
-
-
-plain_names = st.sampled_from(["p", "s", "k", "x", "t", "m"])  # what publishers write
-
-
-@given(
-    st.lists(
-        st.none() | st.lists(st.tuples(plain_names | header_names, header_values), max_size=4),
-        max_size=6,
-    )
-)
-@example([[("s", b"")], [("s", b"12")]])  # joined, the sequences would be digits
-@example([[("p", b"a"), ("s", b"7")], None, [], [("k", b"1"), ("s", b"8")]])
-def test_a_batch_is_plain_publishes_exactly_when_each_record_is_one(batch):
-    """plain_publishes checks a batch's headers together (their values joined): no
-    record's headers may make another's pass or fail."""
-    assert plain_publishes(batch) == all(map(is_plain_publish, batch))
 
 
 @given(envelopes.filter(lambda e: e.command is Command.PUBLISH and e.expiration is None))
