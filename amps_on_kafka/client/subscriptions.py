@@ -37,11 +37,10 @@ from amps_on_kafka.log.controls import (
     RateLimiter,
     ReplayOptions,
     controlled,
-    heartbeats,
     parse_options,
     resume_bookmark,
 )
-from amps_on_kafka.log.message import COMPLETED, LogMessage
+from amps_on_kafka.log.message import COMPLETED, LogMessage, RecordMessage
 from amps_on_kafka.log.replay import Replay
 
 
@@ -131,10 +130,13 @@ class BookmarkSubscription:
         self._released = threading.Event()  # the reader has closed the feed and stopped
         self._feed_lock = threading.Lock()
         self._feed_closed = False
-        base = LogMessage if isinstance(transport, KafkaTransport) else GatewayMessage
-        self._base = base
+        kafka = isinstance(transport, KafkaTransport)
+        self._stamp = kafka  # a log record learns its sub_id here (a gateway's has it)
+        # a replay's records, and the LogMessages conflation or a shared replay builds
+        bases = (RecordMessage, LogMessage) if kafka else (GatewayMessage,)
         self._bookmarks = store.subscription(sub_id) if store is not None else None
-        self._bound = bound_class(base, self._bookmarks) if self._bookmarks else None
+        bookmarks = self._bookmarks
+        self._bound = {b: bound_class(b, bookmarks) for b in bases} if bookmarks else None
         self.stream = MessageStream(self._deliver(), self.close, sub_id, idle_timeout=timeout)
 
     @property
@@ -164,8 +166,7 @@ class BookmarkSubscription:
         more and keeps its exact place (ticking while it waits)."""
         gate = self.gate
         log = self._bookmarks.log if self._bookmarks is not None else None
-        base, bound, sub_id = self._base, self._bound, self.sub_id
-        stamp = base is LogMessage  # a log record learns its sub_id here (a gateway's has it)
+        bound, sub_id, stamp = self._bound, self.sub_id, self._stamp
         while True:
             while gate.paused and not self._closed:
                 if not gate.wait(TICK_INTERVAL):
@@ -184,8 +185,9 @@ class BookmarkSubscription:
                     if stamp:
                         item.sub_id = sub_id
                     if bound is not None:
-                        if type(item) is base:
-                            item.__class__ = bound
+                        cls = bound.get(type(item))
+                        if cls is not None:
+                            item.__class__ = cls
                         if not log(item):  # type: ignore[misc]  # log is set when bound is
                             continue
                 yield item
@@ -359,7 +361,7 @@ def _kafka_feed(
         return transport.bookmark_subscribe(topic, start, predicate, until, max_idle)
 
     # The replay ticks after each quiet poll (the stream's clock), and one bounded by
-    # `until` ends where it stops (heartbeats() sees it finished).
+    # `until` ends where it stops (Replay.ticking).
     run = controlled(
         open_replay,
         bookmark,
@@ -420,7 +422,7 @@ def _share_replay(group: list[BookmarkSubscription]) -> None:
         first.until,
         TICK_INTERVAL,
     )
-    items: Iterator[Any] = heartbeats(replay)  # ticks, as _kafka_feed's replay does
+    items: Iterator[Any] = replay.ticking()  # ticks, as _kafka_feed's replay does
     if first.options.rate is not None:
         items = RateLimiter(first.options.rate).paced(items)
     fan = FanOut(replay, items, [sub._predicate for sub in group])

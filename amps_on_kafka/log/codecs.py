@@ -55,7 +55,13 @@ class JsonCodec:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise MessageError(f"payload is not valid JSON: {exc}") from exc
+            raise not_json(exc) from exc
+
+
+def not_json(exc: orjson.JSONDecodeError) -> MessageError:
+    """The error for a JSON payload that doesn't decode (LogMessage.data decodes JSON
+    itself, without a call into the codec)."""
+    return MessageError(f"payload is not valid JSON: {exc}")
 
 
 class BinaryCodec:

@@ -35,6 +35,7 @@ from amps_on_kafka.log.bookmarks import TP, Position, format_list
 from amps_on_kafka.log.envelope import H_PUBLISHER, H_SEQUENCE
 from amps_on_kafka.log.keys import KeyExtractor
 from amps_on_kafka.log.message import COMPLETED, LogMessage
+from amps_on_kafka.log.message import TICK as TICK  # where streams have always imported it
 from amps_on_kafka.log.replay import Replay
 
 Predicate = Callable[[Any], bool]
@@ -47,16 +48,6 @@ MAX_CONFLATED = 100_000
 
 class OptionError(AmpsError, ValueError):
     """A subscription option is unknown, malformed, or can't be combined with another."""
-
-
-class _Tick:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "TICK"
-
-
-TICK = _Tick()  # a quiet moment in the log: time passed and no message came
 
 
 # -- options --------------------------------------------------------------------------
@@ -389,26 +380,6 @@ class Ticks:
         self.replay.close()
 
 
-def heartbeats(replay: Replay) -> Iterator[Any]:
-    """The replay, followed until it is finished (for good without `until`): TICK each time
-    it was quiet for its max_idle, so a reader bounded by `until` wakes too.
-
-    Iterating a Replay again goes on from where it stopped (its consumer keeps its
-    place) and yields COMPLETED again when it has nothing pending: passed once here.
-    """
-    completed = False
-    while True:
-        for item in replay:
-            if item is COMPLETED:
-                if completed:
-                    continue
-                completed = True
-            yield item
-        if replay.finished:
-            return
-        yield TICK
-
-
 def resume_bookmark(positions: dict[TP, int]) -> str:
     """A bookmark list that starts a replay at these next offsets (partitions at 0: EPOCH)."""
     listed = [Position(t, p, offset - 1) for (t, p), offset in sorted(positions.items()) if offset]
@@ -452,7 +423,7 @@ def controlled(
     tick = max(MIN_TICK, options.conflation / 4) if options.conflation is not None else None
     if heartbeat is not None:
         source = replay = open_replay(bookmark, min(heartbeat, tick or heartbeat))
-        items: Iterator[Any] = heartbeats(replay)
+        items: Iterator[Any] = replay.ticking()
     elif tick is not None and not bounded:
         source = ticks = Ticks(open_replay, bookmark, tick=tick, idle_limit=idle_limit)
         replay = ticks.replay

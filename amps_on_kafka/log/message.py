@@ -17,10 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from confluent_kafka import Message as KafkaRecord
+from orjson import JSONDecodeError
+from orjson import loads as json_loads
 
 from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.bookmarks import format_bookmark
-from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.log.codecs import JSON, Codec, not_json
 from amps_on_kafka.log.envelope import Envelope, EnvelopeError, headers_of
 
 
@@ -164,6 +166,7 @@ class LogMessage(Message):
         "_data",
         "_envelope",
         "_headers",
+        "_record",
         "codec",
         "computed_key",
         "offset",
@@ -233,9 +236,20 @@ class LogMessage(Message):
     @property
     def data(self) -> Any:
         """The decoded payload (dict for JSON and Avro, bytes for binary)."""
-        if self._data is _UNSET:
-            self._data = self.codec.decode(self.raw) if self.raw is not None else None
-        return self._data
+        data = self._data
+        if data is _UNSET:
+            raw, codec = self.raw, self.codec
+            if raw is None:
+                data = None
+            elif codec is JSON:  # decoded here: a replay's hot path (docs/performance.md)
+                try:
+                    data = json_loads(raw)
+                except JSONDecodeError as exc:
+                    raise not_json(exc) from exc
+            else:
+                data = codec.decode(raw)
+            self._data = data
+        return data
 
     @property
     def payload(self) -> bytes | None:
@@ -288,6 +302,44 @@ class LogMessage(Message):
         return f"LogMessage({self.bookmark}, {self.command})"
 
 
+class RecordMessage(LogMessage):
+    """A LogMessage over the consumed record itself, which a replay builds for every record.
+
+    Eight slot writes and one call into the record (its payload): its coordinates and
+    headers are read from it when asked (each a C call), not copied for every record
+    whether asked or not: about half the eager constructor's cost (docs/performance.md).
+    Same slots as LogMessage, so a subscription can re-class it (StoredMessage).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, record: KafkaRecord, codec: Codec) -> None:
+        self._record = record
+        self.raw = record.value()  # nearly every reader wants it: one C call, here
+        self._headers = record
+        self.codec = codec
+        self._envelope = None
+        self._data = _UNSET
+        self.computed_key = None
+        self.sub_id = None
+
+    @property
+    def topic(self) -> str:  # LogMessage's slot, read from the record here
+        return self._record.topic()
+
+    @property
+    def partition(self) -> int:  # type: ignore[override]
+        return self._record.partition()
+
+    @property
+    def offset(self) -> int:  # type: ignore[override]
+        return self._record.offset()
+
+    @property
+    def timestamp(self) -> int:
+        return self._record.timestamp()[1]
+
+
 class Completed(Message):
     """The `completed` ack: the replay has caught up with the log as it was at the start.
 
@@ -322,4 +374,14 @@ class Completed(Message):
 
 
 COMPLETED = Completed()
+
+
+class _Tick:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "TICK"
+
+
+TICK = _Tick()  # a quiet moment in the log: time passed and no message came (Replay.ticking)
 _UNSET = object()

@@ -8,7 +8,7 @@ import pytest
 
 from amps_on_kafka import NOW
 from amps_on_kafka.errors import InvalidBookmark, UnknownTopic
-from amps_on_kafka.log.controls import TICK, heartbeats
+from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.replay import Replay
 
@@ -198,15 +198,15 @@ def test_unknown_topics_are_errors_for_publish_and_replay(client):
         client.bookmark_subscribe("no-such-topic-here", "0")
 
 
-def test_a_filtered_replay_wakes_its_follower_and_heartbeats_end_at_until(bootstrap, orders):
+def test_a_filtered_replay_wakes_its_follower_and_ticks_end_at_until(bootstrap, orders):
     """max_idle counts what is yielded: a batch the filter drops entirely ends an iteration
-    (heartbeats() then ticks, so a next(timeout) wakes), and a replay bounded by `until`
-    ends the heartbeats once it is finished instead of ticking for ever."""
+    (Replay.ticking() then ticks, so a next(timeout) wakes), and a replay bounded by
+    `until` ends its ticks once it is finished instead of ticking for ever."""
     replay = Replay(
         bootstrap, orders, "0", predicate=lambda data: False, until=NOW, max_idle=0, batch_size=1
     )
     with replay:
-        items = list(heartbeats(replay))
+        items = list(replay.ticking())
     assert TICK in items
     assert [item for item in items if item is not TICK] == [COMPLETED]
     assert replay.finished
