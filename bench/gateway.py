@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         "--only", choices=("lookups", "scan", "publish"), help="run one benchmark alone"
     )
     args = parser.parse_args(argv)
+    if args.publish_rounds < 1:
+        parser.error("--publish-rounds must be at least 1")
     servers = bootstrap()
     print(f"# SOW records of ~{encoded_size(documents(1)[0])} bytes of JSON, broker {servers}")
     spawn = multiprocessing.get_context("spawn")  # never fork a process holding RocksDB

@@ -114,22 +114,48 @@ def selective_count(docs: list[dict]) -> int:
     return sum(1 for d in docs if d["sym"] == "IBM" and d["qty"] > 900)
 
 
+def best_publish(
+    servers: str, partitions: int, docs: list[dict], rounds: int
+) -> tuple[list[Result], str, str]:
+    """The best of `rounds` runs of raw produce, raw carrying our metadata, and
+    Client.publish, each round on fresh topics, ours before the dressed peer in one round
+    and after it in the next: on a shared machine a stall costs one run, not the
+    comparison. Also the last round's raw and client topics (raw written first), which
+    the replays read."""
+    best: dict[str, Result] = {}
+    for round_ in range(rounds):
+        raw_topic = new_topic(servers, "raw", partitions)
+        our_topic = new_topic(servers, "client", partitions, key=("/id",))
+        results = [raw_produce(servers, raw_topic, docs)]
+        if round_ % 2:
+            results.append(client_publish(servers, our_topic, docs))
+        results.append(raw_produce(servers, raw_topic, docs, envelope=True))
+        if not round_ % 2:
+            results.append(client_publish(servers, our_topic, docs))
+        for result in results:
+            if result.name not in best or result.rate > best[result.name].rate:
+                best[result.name] = result
+    return [best["raw"], best["raw+envelope"], best["client"]], raw_topic, our_topic
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench log")
     parser.add_argument("--messages", type=int, default=500_000)
+    parser.add_argument("--rounds", type=int, default=3, help="publish rounds, alternating")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     servers = bootstrap()
     docs = documents(args.messages)
     print(
         f"# {args.messages:,} messages of ~{encoded_size(docs[0])} bytes of JSON, broker {servers}"
     )
     for partitions in (1, 4):
-        raw_topic = new_topic(servers, "raw", partitions)
-        our_topic = new_topic(servers, "client", partitions, key=("/id",))
-        peer = raw_produce(servers, raw_topic, docs)
-        ours = client_publish(servers, our_topic, docs)
-        report(f"publish, persisted acks, {partitions} partition(s)", ours, peer)
-        dressed = raw_produce(servers, raw_topic, docs, envelope=True)
+        (peer, dressed, ours), raw_topic, our_topic = best_publish(
+            servers, partitions, docs, args.rounds
+        )
+        title = f"publish, persisted acks, {partitions} partition(s), best of {args.rounds}"
+        report(title, ours, peer)
         report("  the same, beside raw carrying the same metadata", ours, dressed, 0.8)
         total = len(docs) + 1  # the warm-up message is in the log too
         peer = raw_consume(servers, raw_topic, partitions, total)

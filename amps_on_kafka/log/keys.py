@@ -53,6 +53,12 @@ class KeyExtractor:
         only = self._parts[0] if len(self._parts) == 1 else ()
         self._single = only[0] if len(only) == 1 else None
 
+    @property
+    def single_field(self) -> str | None:
+        """The field, when the key is one top-level field (the common case, which hot
+        paths read themselves for an int or a text value), else None."""
+        return self._single
+
     def __call__(self, data: Any) -> str:
         if self._single is not None:  # the common case: one top-level field
             value = data.get(self._single) if type(data) is dict else None

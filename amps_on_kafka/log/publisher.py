@@ -41,9 +41,10 @@ POLL_EVERY = 500  # serve delivery callbacks every so many produces, not on each
 PARTITION_COUNT_TTL = 30.0
 
 Persisted = Callable[[PublishError | None, Message], None]
-# A topic as LogPublisher.publish_document writes to it: its name, its key extractor, and
-# the partition count its keyed records are checked against (0: no check).
-Route = tuple[str, KeyExtractor | None, int]
+# A topic as LogPublisher.publish_document writes to it: its name, its key extractor and
+# the key's field if it is a single top-level one, and the partition count its keyed
+# records are checked against (0: no check).
+Route = tuple[str, KeyExtractor | None, str | None, int]
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class LogPublisher:
             route = routes[topic] if topic in routes else route_of(topic)
             if route is None or kw or expiration is not None or type(data) is not dict:
                 return general(topic, data, expiration, **kw)
-            name, extract, partitions = route
+            name, extract, field, partitions = route
             try:
                 value = dumps(data)
             except TypeError:
@@ -197,7 +198,13 @@ class LogPublisher:
                 key = None
                 headers = [publisher, (H_SEQUENCE, b"%d" % sequence)]
             else:
-                key = extract(data)
+                known = data.get(field) if field is not None else None
+                if type(known) is int:  # an int or a text read here; the rest by `extract`
+                    key = str(known)
+                elif type(known) is str and known:
+                    key = known
+                else:
+                    key = extract(data)
                 headers = [publisher, (H_SEQUENCE, b"%d" % sequence), (H_SOW_KEY, key.encode())]
                 if partitions:  # the count Kafka has, refreshed as _partition does
                     cached = counts.get(name)
@@ -220,7 +227,8 @@ class LogPublisher:
         spec = self.spec(topic)
         extract = spec.key_extractor
         keyed = extract is not None and not spec.repartition
-        route: Route | None = (spec.name, extract, spec.partitions if keyed else 0)
+        field = extract.single_field if extract is not None else None
+        route: Route | None = (spec.name, extract, field, spec.partitions if keyed else 0)
         if (
             type(spec.codec) is not JsonCodec
             or (extract is None and spec.key_from_publish)

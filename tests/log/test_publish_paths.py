@@ -57,8 +57,9 @@ def test_the_fast_path_refuses_what_the_general_path_refuses(bootstrap, topic_fa
     topic = topic_factory(1, key=("/id",))
     publisher = LogPublisher(bootstrap, "refused")
     try:
-        with pytest.raises(MessageError, match="SOW key field /id"):
-            publisher.publish_document(topic, {"no": "id"})
+        for keyless in ({"no": "id"}, {"id": ""}, {"id": None}):
+            with pytest.raises(MessageError, match="SOW key field /id"):
+                publisher.publish_document(topic, keyless)
         with pytest.raises(MessageError, match="can't encode payload as JSON"):
             publisher.publish_document(topic, {"id": 1, "bad": object()})
         with pytest.raises(MessageError, match="expiration"):
