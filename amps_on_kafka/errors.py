@@ -55,3 +55,34 @@ class ServerError(AmpsError):
 class PartitionsMoving(TransportError):
     """Part of a topic has no worker that can answer for it now (its partitions are
     moving between workers): the reason starts with "retry:"; asking again shortly works."""
+
+
+# The kinds of refusal a gateway names in a failure ack (its "error" key), so that a
+# tcp:// client raises for a problem the class a kafka:// client raises for the same one.
+_WIRE_KINDS: tuple[type[AmpsError], ...] = (
+    InvalidBookmark,
+    UnknownTopic,
+    FilterError,
+    MessageError,
+)
+# A refusal of one of those kinds is both a ServerError and the kind itself, so
+# `except UnknownTopic` works on either transport and `except ServerError` still does.
+_SERVER_ERRORS: dict[str, type[ServerError]] = {
+    kind.__name__: type(
+        kind.__name__,
+        (ServerError, kind),
+        {"__doc__": f"{kind.__doc__} (refused by the gateway)", "__module__": __name__},
+    )
+    for kind in _WIRE_KINDS
+}
+
+
+def wire_kind(error: AmpsError) -> str | None:
+    """The name a failure ack gives `error`'s kind, if it is one clients raise alike."""
+    return next((kind.__name__ for kind in _WIRE_KINDS if isinstance(error, kind)), None)
+
+
+def server_error(reason: str, kind: object = None) -> ServerError:
+    """The gateway's refusal as a client raises it: of `kind` too when it names one."""
+    cls = _SERVER_ERRORS.get(kind, ServerError) if isinstance(kind, str) else ServerError
+    return cls(reason)

@@ -30,9 +30,9 @@ from amps_on_kafka.errors import (
     AmpsError,
     MessageError,
     PublishError,
-    ServerError,
     TransportError,
     WrongTransport,
+    server_error,
 )
 from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.envelope import Command, check_expiration
@@ -594,7 +594,8 @@ def _payload(data: Any) -> bytes:
 
 def _raise_failure(header: dict[str, Any]) -> None:
     if header.get("c") == "ack" and header.get("status") == "failure":
-        raise ServerError(header.get("reason") or "the gateway refused the command")
+        reason = header.get("reason") or "the gateway refused the command"
+        raise server_error(reason, header.get("error"))
 
 
 def _unpack(frame: Frame) -> Iterator[Item]:

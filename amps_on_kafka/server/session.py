@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from amps_on_kafka.errors import AmpsError, FilterError
+from amps_on_kafka.errors import AmpsError, FilterError, wire_kind
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.log.replay import select_topics
@@ -191,9 +191,9 @@ class Session:
             audit.warning("denied: %r: %s", self, exc.reason)
             self.fail(header, exc.reason)
         except FilterError as exc:
-            self.fail(header, _own_terms(exc, own_filter, header.get("f")))
+            self.fail(header, _own_terms(exc, own_filter, header.get("f")), exc)
         except AmpsError as exc:
-            self.fail(header, exc.reason)
+            self.fail(header, exc.reason, exc)
         await self._pace()
 
     async def _pace(self) -> None:
@@ -321,9 +321,11 @@ class Session:
             self.writer.transport.abort()
             self.close()
 
-    def fail(self, request: dict[str, Any], reason: str) -> None:
-        """A failure ack for a command (or a frame) the session could not carry out."""
-        self.send(ack(request, "processed", reason))
+    def fail(self, request: dict[str, Any], reason: str, error: AmpsError | None = None) -> None:
+        """A failure ack for a command (or a frame) the session could not carry out; its
+        `error` key names the kind of `error` a client raises alike on both transports."""
+        kind = wire_kind(error) if error is not None else None
+        self.send(ack(request, "processed", reason, **({"error": kind} if kind else {})))
 
     def close_for(self, reason: str) -> None:
         """Close the connection, telling the client why (a failure ack without cid)."""
@@ -394,7 +396,7 @@ class Session:
         except AmpsError as exc:
             if on_failure is not None and self.subscriptions.get(on_failure.sub_id) is on_failure:
                 self.remove_subscription(on_failure.sub_id)
-            self.fail(request.header, exc.reason)
+            self.fail(request.header, exc.reason, exc)
         except Exception:  # a bug: drop this connection, keep the gateway serving
             log.exception("%r: %s failed; closing the connection", self, request.command)
             self.close()

@@ -8,7 +8,15 @@ import pytest
 
 from amps_on_kafka import COMPLETED, AsyncClient, Command, HAClient, Message
 from amps_on_kafka.client import AsyncStream, Client, ClientBase, MessageStream
-from amps_on_kafka.errors import InvalidBookmark, MessageError, WrongTransport
+from amps_on_kafka.errors import (
+    FilterError,
+    InvalidBookmark,
+    MessageError,
+    ServerError,
+    UnknownTopic,
+    WrongTransport,
+    server_error,
+)
 
 
 def public_methods(cls: type) -> dict[str, inspect.Signature]:
@@ -85,3 +93,23 @@ def test_unsubscribing_what_ended_already_is_nothing_to_do_on_both(uri, connect,
         client.unsubscribe(sub_id)
     with client.bookmark_subscribe(topic, "0", sub_id="idle") as again:  # the id is free
         assert again.next(timeout=30) is COMPLETED
+
+
+def test_a_refusal_is_the_same_error_class_on_both_transports(uri, connect, topic_factory):
+    """The gateway's failure ack names the kind (UnknownTopic, InvalidBookmark...): the
+    tcp:// client raises it (a ServerError too), as the kafka:// client raises it."""
+    topic = topic_factory(1)
+    client = connect(uri)
+    with pytest.raises(UnknownTopic, match="topic 'no-such-topic-17' does not exist"):
+        client.bookmark_subscribe("no-such-topic-17", "0")
+    with pytest.raises(InvalidBookmark, match="past the end of the log") as past:
+        client.bookmark_subscribe(topic, f"{topic}|0|999|")
+    assert isinstance(past.value, ServerError) == uri.startswith("tcp")
+
+
+def test_a_kind_the_client_does_not_know_is_a_plain_server_error():
+    for kind in (None, "NoSuchKind", 7, "AmpsError"):
+        assert type(server_error("why", kind)) is ServerError
+    refused = server_error("why", "FilterError")
+    assert isinstance(refused, FilterError) and isinstance(refused, ServerError)
+    assert str(refused) == "why"
