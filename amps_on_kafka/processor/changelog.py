@@ -8,7 +8,8 @@ the compacted topic `_amps_changelog.<group>.<topic>` (one partition per partiti
 log it reads): each changed SOW key with its record as stored (deadline included), a
 tombstone for each key deleted or expired, and one meta record per partition holding the
 log offset the batch brings the state to and the expiration config history. The batch
-and its meta go in one Kafka transaction, committed before the store is written, so
+and its meta go in one Kafka transaction (with the other partitions' batches of the
+worker's loop turn), committed before the store is written, so
 whatever committed prefix of the changelog a reader sees is the exact state at the
 offset its last meta record names. A worker that opens a partition with no store reads
 the changelog (read_committed) to its end into the store, then resumes the log after
@@ -71,6 +72,9 @@ COMMIT_TIMEOUT = TRANSACTION_TIMEOUT  # seconds a batch waits for its transactio
 RESTORE_BATCH = 10_000  # changelog records loaded into the store per write
 CHECK_EVERY = 5.0  # seconds between two looks at whether a changelog topic was deleted
 Entry = tuple[bytes, bytes | None]  # raw SOW key, record as stored (None: deleted)
+# a batch of one store: its changes, the log offset they bring it to (None: the store's
+# own, for a sweep), and the Kafka topic its offsets point into (the log it reads)
+Batch = tuple[PartitionStore, Iterable[Entry], int | None, str]
 
 
 class ChangelogFailed(TransportError):
@@ -106,11 +110,21 @@ def ensure_changelog_topics(bootstrap: str, config: Config, group: str) -> dict[
                 f"{count}; delete it and start the workers again: they copy their stores "
                 "into the new one"
             )
-    ids = _topic_ids(admin, {sow.topic: changelog_topic(group, sow.topic) for sow in wanted})
-    found = {topic: topic_id for topic, topic_id in ids.items() if topic_id is not None}
-    if len(found) < len(ids):  # deleted again between its creation and now
-        raise TransportError(f"changelog topics missing just after their creation: {ids}")
-    return found
+    return _created_ids(admin, {sow.topic: changelog_topic(group, sow.topic) for sow in wanted})
+
+
+def _created_ids(admin: AdminClient, names: dict[str, str]) -> dict[str, str]:
+    """The ids of topics just created: a broker may not describe a new topic at once
+    (its metadata is still propagating), so it is asked again, for METADATA_TIMEOUT."""
+    deadline = time.monotonic() + METADATA_TIMEOUT
+    while True:
+        ids = _topic_ids(admin, names)
+        found = {key: topic_id for key, topic_id in ids.items() if topic_id is not None}
+        if len(found) == len(ids):
+            return found
+        if time.monotonic() > deadline:  # deleted again since, or Kafka can't tell
+            raise TransportError(f"changelog topics not described after their creation: {ids}")
+        time.sleep(0.1)  # no event says when the metadata has propagated
 
 
 def _topic_ids(admin: AdminClient, names: dict[str, str]) -> dict[str, str | None]:
@@ -193,6 +207,7 @@ class Changelog:
     def ensure(self, config: Config) -> None:
         """Create the changelogs missing (ensure_changelog_topics) and note their ids."""
         self.ids = ensure_changelog_topics(self.bootstrap, config, self.group)
+        self._asked = None  # a look asked before would compare its answer with old ids
 
     def replaced(self) -> list[str]:
         """The SOW topics whose changelog topic is gone or not the one noted (deleted by
@@ -222,37 +237,53 @@ class Changelog:
         member: Consumer,
         consumed: str,
     ) -> None:
-        """Write a batch's changes and the log offset it brings the state to (None: the
-        store's own, for a sweep) in one transaction; returns once Kafka committed it,
-        else raises ChangelogFailed, and nothing of it is visible to a read_committed
-        reader. The caller writes the store only after.
+        """One store's batch in a transaction of its own (send_all)."""
+        self.send_all([(store, changes, next_offset, consumed)], member)
 
-        The offset is also committed for `member`'s group (on `consumed`, the log the
-        store reads) within the transaction, which the broker refuses from a member of
-        an older generation: a worker the group has dropped (a zombie, whose partitions
-        another worker now owns) can't commit a batch any more (Kafka's KIP-447).
+    def send_all(self, batches: list[Batch], member: Consumer) -> None:
+        """Write batches' changes and the log offsets they bring their stores to in one
+        transaction (the worker sends every partition of a loop turn together: a commit is
+        a round trip to the coordinator and each partition's leader); returns once Kafka
+        committed it, else raises ChangelogFailed, and nothing of it is visible to a
+        read_committed reader. The caller writes the stores only after.
+
+        The offsets are also committed for `member`'s group within the transaction,
+        which the broker refuses from a member of an older generation: a worker the group
+        has dropped (a zombie, whose partitions another worker now owns) can't commit a
+        batch any more (Kafka's KIP-447).
         """
         producer = self._begin()
-        name, partition = changelog_topic(self.group, store.topic), store.partition
         try:
-            for raw_key, stored in changes:
-                _produce(producer, name, stored, _RECORD + raw_key, partition)
-            offset = next_offset if next_offset is not None else store.next_offset()
-            if offset is not None:
-                meta = _OFFSET.pack(offset) + pack_history(store.expiry_history())
-                producer.produce(name, meta, _META, partition)
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(consumed, partition, offset)],
-                    member.consumer_group_metadata(),
-                    COMMIT_TIMEOUT,
-                )
+            offsets = [self._produce_batch(producer, *batch) for batch in batches]
+            positions = [tp for tp in offsets if tp is not None]
+            if positions:
+                metadata = member.consumer_group_metadata()
+                producer.send_offsets_to_transaction(positions, metadata, COMMIT_TIMEOUT)
             producer.commit_transaction(COMMIT_TIMEOUT)
         except (KafkaException, BufferError) as exc:
             self.failures += 1
             self._abort(exc)
-            raise ChangelogFailed(
-                f"changelog {name}|{partition} not written ({exc}): the batch waits"
-            ) from exc
+            names = ", ".join(f"{b[0].topic}|{b[0].partition}" for b in batches)
+            raise ChangelogFailed(f"changelog of {names} not written ({exc}): it waits") from exc
+
+    def _produce_batch(
+        self,
+        producer: Producer,
+        store: PartitionStore,
+        changes: Iterable[Entry],
+        next_offset: int | None,
+        consumed: str,
+    ) -> TopicPartition | None:
+        """Produce one store's changes and meta record; the log offset to commit."""
+        name, partition = changelog_topic(self.group, store.topic), store.partition
+        for raw_key, stored in changes:
+            _produce(producer, name, stored, _RECORD + raw_key, partition)
+        offset = next_offset if next_offset is not None else store.next_offset()
+        if offset is None:
+            return None
+        meta = _OFFSET.pack(offset) + pack_history(store.expiry_history())
+        _produce(producer, name, meta, _META, partition)
+        return TopicPartition(consumed, partition, offset)
 
     def seed(self, store: PartitionStore, member: Consumer, consumed: str) -> None:
         """Copy a store whose state predates its changelog (Changelog turned on, or off

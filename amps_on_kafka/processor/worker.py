@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -48,8 +49,8 @@ from amps_on_kafka.processor.changelog import (
     Changelog,
     ChangelogFailed,
     Entry,
+    changelog_topic,
     encoded_pairs,
-    ensure_changelog_topics,
     restore,
     state_changes,
 )
@@ -130,6 +131,8 @@ class Worker:
         self.expired = 0  # SOW records expired since start
         self.applied = 0  # log records applied since start: a resumed worker applies none twice
         self.dead_letter_failures = 0  # writes of dead letters Kafka did not acknowledge
+        # stores found written to a changelog since deleted, so copied into the new one
+        self.changelog_lost = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dead_letters = DeadLetters(bootstrap)
@@ -164,7 +167,8 @@ class Worker:
         try:
             check_topics(self.bootstrap, self.config)
             ensure_dead_letter_topics(self.bootstrap, self.config)  # SOW and queues alike
-            ensure_changelog_topics(self.bootstrap, self.config, self.group_id)
+            if self._changelog is not None:
+                self._changelog.ensure(self.config)
         except BaseException:
             self._lock.release()
             raise
@@ -306,6 +310,8 @@ class Worker:
             if self.queues is not None:
                 self.queues.stop()
             return
+        if self._changelog is not None and not self._changelog.ids:  # run without start()
+            self._changelog.ensure(self.config)
         consumer = self._group_consumer = self._consumer()
         if self.config.worker.standby:  # warm copies of the others' partitions
             self._standby = Standby(self)
@@ -329,6 +335,7 @@ class Worker:
                 self._note_ends()
                 self._release_held()
                 self._check_restored(consumer)
+                self._watch_changelogs()
                 if self._standby is not None:
                     self._standby.step()
         finally:
@@ -503,8 +510,8 @@ class Worker:
             self.rules[topic].codec,
             self.config.state.write_buffer_bytes,
         )
-        if topic not in self._changelogged and store.changelogged():
-            store.mark_changelogged(False)
+        if topic not in self._changelogged and store.changelogged() is not None:
+            store.mark_changelogged(None)
         return store
 
     def _open(self, topic: str, partition: int, restore_to: int = 0) -> PartitionStore:
@@ -522,9 +529,8 @@ class Worker:
         empty = [s for s in stores if s.topic in self._changelogged and s.next_offset() is None]
         if empty:
             restore(self.bootstrap, self.group_id, empty)
-        for store in empty:
-            if store.next_offset() is None:  # nothing to restore: it starts with the changelog
-                store.mark_changelogged(True)
+        for store in empty:  # restored from it, or starting with it (it had nothing)
+            store.mark_changelogged(self._changelog.ids[store.topic])  # type: ignore[union-attr]
 
     def _restore_new(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Restore the newly assigned partitions that have a changelog, all at once
@@ -538,21 +544,71 @@ class Worker:
             self.restore(stores)
             for store in stores:
                 self._report_lost_to_retention(consumer, store)
-                if not store.changelogged():  # its state predates the changelog
-                    consumed = self._consumed(store.topic)
-                    self._changelog.seed(store, consumer, consumed)  # type: ignore[union-attr]
+                self._bring_into_step(store)
         finally:
             for store in stores:
                 store.close()
 
-    def _log_changes(
-        self, store: PartitionStore, changes: Iterable[Entry], next_offset: int | None
-    ) -> None:
-        """With a changelog, a batch is committed to it before the store is written:
-        ChangelogFailed otherwise (counted), and the store is left as it was."""
-        if self._changelog is not None and store.topic in self._changelogged:
-            member, consumed = self._group_consumer, self._consumed(store.topic)
-            self._changelog.send(store, changes, next_offset, member, consumed)  # type: ignore[arg-type]
+    def _log_changes(self, turn: list[Staged]) -> None:
+        """Those batches of a turn whose topic has a changelog are committed to it, in one
+        transaction, before any store is written: ChangelogFailed otherwise (counted),
+        and the stores are left as they were."""
+        logged = [staged for staged in turn if staged.store.topic in self._changelogged]
+        if self._changelog is None or not logged:
+            return
+        for staged in logged:
+            self._bring_into_step(staged.store)
+        batches = [(s.store, s.changes, s.end, self._consumed(s.store.topic)) for s in logged]
+        self._changelog.send_all(batches, self._group_consumer)  # type: ignore[arg-type]
+
+    def _bring_into_step(self, store: PartitionStore) -> None:
+        """Copy a store into its changelog (Changelog.seed) unless that changelog has had
+        every change of it: its state predates the changelog, or was written to a
+        changelog topic deleted by hand since (another topic id: an error, counted)."""
+        changelog = self._changelog
+        mark, current = store.changelogged(), changelog.ids[store.topic]  # type: ignore[union-attr]
+        if mark == current:
+            return
+        if mark is not None:
+            self.changelog_lost += 1
+            log.error(
+                "%s|%s was written to another changelog topic than %s now is (it was deleted "
+                "by hand): copying the store into it, so that it holds the whole state again",
+                store.topic,
+                store.partition,
+                changelog_topic(self.group_id, store.topic),
+                extra={
+                    "event": "changelog_lost",
+                    "topic": store.topic,
+                    "partition": store.partition,
+                },
+            )
+        consumed = self._consumed(store.topic)
+        changelog.seed(store, self._group_consumer, consumed)  # type: ignore[union-attr, arg-type]
+
+    def _watch_changelogs(self) -> None:
+        """A changelog topic deleted while the worker runs is created again, and every
+        store of its SOW topic here copied into it (_bring_into_step; one that fails now
+        is copied before its next batch): a restore from it then has the whole state."""
+        if self._changelog is None:
+            return
+        for topic in self._changelog.replaced():
+            log.error(
+                "the changelog topic %s was deleted while this worker ran: creating it again",
+                changelog_topic(self.group_id, topic),
+                extra={"event": "changelog_lost", "topic": topic},
+            )
+            try:
+                self._changelog.ensure(self.config)
+            except TransportError as exc:  # still being deleted: the next look tries again
+                log.warning("the changelog of %s is not created again yet: %s", topic, exc)
+                continue
+            for store in self.engine.stores():
+                if store.topic == topic:
+                    try:
+                        self._bring_into_step(store)
+                    except ChangelogFailed as exc:
+                        log.warning("%s|%s copied later: %s", topic, store.partition, exc)
 
     def _expiry_schedule(self, store: PartitionStore, rules: SowRules) -> ExpirySchedule:
         """Seed 000: a stored deadline is never recalculated. A crash makes the worker
@@ -606,31 +662,53 @@ class Worker:
 
     # -- applying the log -------------------------------------------------------------
     def _apply(self, records: list[Message]) -> None:
+        """Stage every partition's batch of the turn, commit those with a changelog in one
+        transaction, then write them: a failed transaction holds its partitions (they try
+        the same batches again), and the others are written."""
+        turn = self._stage_turn(records)
+        try:
+            self._log_changes([staged for _, staged in turn])
+        except ChangelogFailed as exc:
+            for batch, staged in turn:
+                if staged.store.topic in self._changelogged:
+                    self._hold(batch[0].topic(), batch[0].partition(), batch[0].offset(), exc)  # type: ignore[arg-type]
+            turn = [(b, s) for b, s in turn if s.store.topic not in self._changelogged]
+        for batch, staged in turn:
+            self._commit(staged)
+            self._held.pop((batch[0].topic(), batch[0].partition()), None)  # type: ignore[arg-type]
+            self.applied += len(batch)
+
+    def _stage_turn(self, records: list[Message]) -> list[tuple[list[Message], Staged]]:
+        """Each owned partition's records, staged; one whose dead letters failed is held."""
         by_partition: dict[tuple[str, int], list[Message]] = defaultdict(list)
         for record in records:
             if record.error():
                 self._consumer_error(record.error())
                 continue
             by_partition[(record.topic(), record.partition())].append(record)
+        turn = []
         for (topic, partition), batch in by_partition.items():
             store = self.engine.store(self._logical[topic], partition)
             if store is None:
                 continue
             try:
-                self._apply_batch(store, self.rules[store.topic], batch)
-            except (DeadLetterFailed, ChangelogFailed) as exc:
+                turn.append((batch, self._stage_batch(store, self.rules[store.topic], batch)))
+            except DeadLetterFailed as exc:
                 self._hold(topic, partition, batch[0].offset(), exc)
-                continue
-            self._held.pop((topic, partition), None)
-            self.applied += len(batch)
+        return turn
 
-    def _apply_batch(self, store: PartitionStore, rules: SowRules, batch: list[Message]) -> None:
+    def _stage_batch(self, store: PartitionStore, rules: SowRules, batch: list[Message]) -> Staged:
         unreadable: dict[int, EnvelopeError] = {}
-        staged = self._replace_blind(store, rules, batch, unreadable)
-        if staged is not None:
-            self._write_replacements(store, staged, batch[-1].offset() + 1)
-            return
-        self._apply_partition(store, rules, log_messages(store, rules, batch, unreadable))
+        replacements = self._replace_blind(store, rules, batch, unreadable)
+        if replacements is not None:
+            return _replaced(store, replacements, batch[-1].offset() + 1)
+        messages = log_messages(store, rules, batch, unreadable)
+        previous = rules.expiring or self.engine.wants_previous(store.topic)
+        state, applied = stage(store, rules, messages, previous)
+        self._report_rejections(applied.results, messages)  # dead letters durable first
+        changes = BatchApplied(applied.changes, applied.results)
+        write = partial(store.write, state)
+        return Staged(store, state_changes(state), state.next_offset, write, changes, not previous)
 
     def _replace_blind(
         self,
@@ -652,33 +730,16 @@ class Worker:
             return None  # records from before expiration was turned off keep it
         return replace_blind(store, rules, records, unreadable)
 
-    def _write_replacements(self, store: PartitionStore, staged: Replacements, end: int) -> None:
-        self._log_changes(store, encoded_pairs(staged.pairs), end)
-        write = partial(store.write_replacements, staged, end)
-        changes = BatchApplied(staged.pairs, [], partial(_replaced_change, store))
-        self._commit(store, write, changes, blind=True)
-
-    def _apply_partition(
-        self, store: PartitionStore, rules: SowRules, messages: list[LogMessage]
-    ) -> None:
-        previous = rules.expiring or self.engine.wants_previous(store.topic)
-        state, applied = stage(store, rules, messages, previous)
-        self._report_rejections(applied.results, messages)  # dead letters durable first
-        self._log_changes(store, state_changes(state), state.next_offset)
-        changes = BatchApplied(applied.changes, applied.results)
-        self._commit(store, partial(store.write, state), changes, blind=not previous)
-
-    def _commit(
-        self, store: PartitionStore, write: Callable[[], None], applied: BatchApplied, blind: bool
-    ) -> None:
+    def _commit(self, staged: Staged) -> None:
         """Write a batch and tell the listeners, under the engine lock. A batch computed
         `blind` (without old records) that meets an oof subscription which came meanwhile
         is given them from the store first, before the write replaces them."""
+        store = staged.store
         with self.engine.lock:
-            if blind and self.engine.wants_previous(store.topic):
-                _fill_previous_from(store, applied.changes)
-            write()
-            self.engine.notify(applied)
+            if staged.blind and self.engine.wants_previous(store.topic):
+                _fill_previous_from(store, staged.applied.changes)
+            staged.write()
+            self.engine.notify(staged.applied)
 
     def _report_rejections(self, results: list[CommandResult], messages: list[LogMessage]) -> None:
         """Log each refused record with its bookmark and write its dead letter; the batch
@@ -822,13 +883,43 @@ class Worker:
         if staged is None:
             return
         state, changes = staged
+        sweep = Staged(
+            store,
+            state_changes(state),
+            None,
+            partial(store.write, state),
+            BatchApplied(changes, []),
+            False,
+        )
         try:
-            self._log_changes(store, state_changes(state), None)
+            self._log_changes([sweep])
         except ChangelogFailed as exc:  # the sweep is due again at the next turn
             log.warning("%s|%s: expirations wait: %s", store.topic, store.partition, exc)
             return
         self.expired += len(changes)
-        self._commit(store, partial(store.write, state), BatchApplied(changes, []), blind=False)
+        self._commit(sweep)
+
+
+@dataclass(slots=True)
+class Staged:
+    """A partition's batch (or sweep) computed in memory and not written yet: what goes
+    to the changelog (its entries and the offset they bring the store to; None for a
+    sweep), then the store's write and what the listeners are told. `blind`: computed
+    without the old records (see Worker._commit)."""
+
+    store: PartitionStore
+    changes: Iterable[Entry]
+    end: int | None
+    write: Callable[[], None]
+    applied: BatchApplied
+    blind: bool
+
+
+def _replaced(store: PartitionStore, replacements: Replacements, end: int) -> Staged:
+    """A batch of blind replacements (Worker._replace_blind), staged up to `end`."""
+    write = partial(store.write_replacements, replacements, end)
+    changes = BatchApplied(replacements.pairs, [], partial(_replaced_change, store))
+    return Staged(store, encoded_pairs(replacements.pairs), end, write, changes, True)
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:

@@ -242,9 +242,10 @@ def joined(bootstrap: str, group: str, topic: str) -> Consumer:
 
 
 def test_a_member_the_group_dropped_commits_no_batch(bootstrap, sow_topic, tmp_path):
-    """Zombie fencing: a batch sent with the group metadata of a member that left (a
-    worker the group took for dead) is refused and invisible; the same batch from the
-    member of the current generation commits."""
+    """Zombie fencing: a loop turn's batches (both partitions, one transaction) sent with
+    the group metadata of a member that left (a worker the group took for dead) are
+    refused and invisible, and counted; the same from the member of the current
+    generation commit, both."""
     group = f"g-{uuid.uuid4().hex[:8]}"
     config = Config.model_validate(config_of(sow_topic, bootstrap))
     ensure_changelog_topics(bootstrap, config, group)
@@ -253,24 +254,26 @@ def test_a_member_the_group_dropped_commits_no_batch(bootstrap, sow_topic, tmp_p
     old.close()
     current = joined(bootstrap, group, sow_topic)
     changelog = Changelog(bootstrap, group, None)
-    store = PartitionStore(tmp_path / "store", sow_topic, 0)
-    record = [(b"k", pack_record(3, 1, NEVER, b'{"id":"k"}'))]
+    stores = [PartitionStore(tmp_path / f"store{p}", sow_topic, p) for p in (0, 1)]
+    turn = [(s, [(b"k", pack_record(3, 1, NEVER, b'{"id":"k"}'))], 4, sow_topic) for s in stores]
     try:
         with pytest.raises(ChangelogFailed, match="UNKNOWN_MEMBER_ID"):
-            changelog.send(store, record, 4, stale, sow_topic)  # type: ignore[arg-type]
+            changelog.send_all(turn, stale)  # type: ignore[arg-type]
         assert changelog.failures == 1  # Worker.changelog_failures, in the admin metrics
-        changelog.send(store, record, 4, current, sow_topic)
+        changelog.send_all(turn, current)
         assert changelog.failures == 1
     finally:
         changelog.close()
         current.close()
-        store.close()
-    restored = PartitionStore(tmp_path / "restored", sow_topic, 0)
+        for store in stores:
+            store.close()
+    restored = [PartitionStore(tmp_path / f"restored{p}", sow_topic, p) for p in (0, 1)]
     try:
-        assert restore(bootstrap, group, [restored]) == {0: 4}
-        assert [r.sow_key for r in restored.scan()] == ["k"]
+        assert restore(bootstrap, group, restored) == {0: 4, 1: 4}
+        assert [[r.sow_key for r in store.scan()] for store in restored] == [["k"], ["k"]]
     finally:
-        restored.close()
+        for store in restored:
+            store.close()
 
 
 def test_a_changelog_with_other_partitions_than_its_log_stops_the_start(

@@ -18,7 +18,7 @@ from amps_on_kafka.config import Config
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.envelope import Command, Envelope
 from amps_on_kafka.log.message import LogMessage
-from amps_on_kafka.processor.worker import Worker
+from amps_on_kafka.processor.worker import Worker, _replaced
 from amps_on_kafka.state.events import BatchApplied
 from amps_on_kafka.state.sow import Applied, DictState, SowRules
 
@@ -81,7 +81,7 @@ def test_the_fast_path_gives_what_the_rules_give_or_declines(batch):
             assert staged.pairs == [(c.sow_key, c.new.encode()) for c in applied.changes]
             seen: list[BatchApplied] = []
             worker.engine.add_listener(seen.append)
-            worker._write_replacements(store, staged, len(records))
+            worker._commit(_replaced(store, staged, len(records)))
             assert seen[0].changes == applied.changes
             assert {r.sow_key: r for r in store.scan()} == expected.records
             assert store.next_offset() == len(records)
@@ -96,14 +96,14 @@ def test_an_oof_subscriber_that_comes_mid_batch_gets_the_old_records(tmp_path):
     store = worker._open("t", 0)
     rules = worker.rules["t"]
     first = [record("plain", 0, 1)]
-    worker._write_replacements(store, worker._replace_blind(store, rules, first, {}), 1)
+    worker._commit(_replaced(store, worker._replace_blind(store, rules, first, {}), 1))
     staged = worker._replace_blind(
         store, rules, [record("plain", o, k) for o, k in ((1, 1), (2, 1))], {}
     )
     worker.engine.want_previous("t")
     seen: list[BatchApplied] = []
     worker.engine.add_listener(seen.append)
-    worker._write_replacements(store, staged, 3)
+    worker._commit(_replaced(store, staged, 3))
     changes = seen[0].changes
     assert [c.old.offset for c in changes] == [0, 1]
     assert [c.new.offset for c in changes] == [1, 2]
