@@ -34,12 +34,13 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partialmethod
+from functools import partial, partialmethod
 from pathlib import Path
 from typing import Any
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import (
+    AmpsError,
     InvalidBookmark,
     PartitionsMoving,
     TransportError,
@@ -100,6 +101,8 @@ class QueueSubscription:
 
 
 Deliver = Callable[[QueueMessage], None]
+# an ack nobody waits for: verb (ack, cancel, expire), queue, messages, session, done
+AckCommand = tuple[str, str, list[MessageId], Hashable, Done]
 
 
 class QueueEngine:
@@ -338,6 +341,30 @@ class QueueEngine:
     cancel = partialmethod(_command, "cancel")
     expire = partialmethod(_command, "expire")
 
+    def ack_ids(self, queue: str, bookmarks: str) -> list[MessageId]:
+        """The messages an ack names, checked as `ack` checks them (the queue served
+        here, the bookmarks well formed), for `ack_many` to apply later."""
+        self._runtime(queue)
+        return _message_ids(bookmarks)
+
+    def ack_many(self, commands: list[AckCommand]) -> None:
+        """Acks nobody waits for (verb, queue, message ids, session, done), from any
+        sessions, applied together: one lock, one settle (so one events record a queue),
+        one wait for durability a queue. Each `done` gets its AckResult, or the error."""
+        applied: dict[QueueRuntime, list[tuple[Done, AckResult]]] = {}
+        with self.lock:
+            for verb, queue, messages, session, done in commands:
+                try:
+                    runtime = self._runtime(queue)  # it may have moved since ack_ids
+                except AmpsError as exc:
+                    done(exc)
+                    continue
+                result = getattr(runtime.state, verb)(messages, session)
+                applied.setdefault(runtime, []).append((done, result))
+            self.settle()
+            for runtime, results in applied.items():
+                runtime.finish(results, partial(_settle_each, results))
+
     def ack_by_filter(
         self, queue: str, filter: str, session: Hashable, done: Done | None = None
     ) -> Future | None:
@@ -381,6 +408,12 @@ class QueueEngine:
                 subscription.deliver(message)  # type: ignore[misc]
             except Exception:
                 log.exception("queue %s: delivering to %s failed", queue, subscription.sub_id)
+
+
+def _settle_each(results: list[tuple[Done, AckResult]], outcome: Any) -> None:
+    """Once a batch of acks is durable: each its own result; or all the error."""
+    for done, result in results:
+        done(outcome if isinstance(outcome, BaseException) else result)
 
 
 def _serving(runtime: QueueRuntime) -> QueueRuntime:

@@ -31,7 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from amps_on_kafka.errors import AmpsError, UnknownTopic
 from amps_on_kafka.processor.engine import QueryResult
-from amps_on_kafka.processor.queues import QueueEngine, QueueMessage, QueueSubscription
+from amps_on_kafka.processor.queues import (
+    AckCommand,
+    QueueEngine,
+    QueueMessage,
+    QueueSubscription,
+)
 from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.queries import DEFAULT_BATCH, Query, send_snapshot
 from amps_on_kafka.server.queue_links import QueueLinks, moving
@@ -94,6 +99,7 @@ class QueueService:
         self._open: dict[tuple[QueueSubscriber, str], DeliveryBatch] = {}  # batches not sent
         self._outbox_lock = threading.Lock()  # engine threads post, the event loop drains
         self._posted = False
+        self._acks: list[AckCommand] = []  # acks nobody waits for, applied together
         self._served: dict[str, bool] = {}
         self.links: QueueLinks | None = None  # set by the gateway: to the other owners
         self._subscribers: set[QueueSubscriber] = set()
@@ -162,6 +168,21 @@ class QueueService:
                 del self._open[key]
         self._wake()
 
+    def defer_ack(self, command: AckCommand) -> None:
+        """Event loop: an ack nobody waits for is applied with the others that arrive in
+        this turn of the loop, from any connection (QueueEngine.ack_many): under load
+        they come several a turn, and share one state change, events record and wait."""
+        self._acks.append(command)
+        if len(self._acks) == 1:
+            self._loop.call_soon(self.apply_acks)
+
+    def apply_acks(self) -> None:
+        """Event loop: apply the deferred acks now. Every other queue command calls this
+        first, so it sees the acks its connection sent before it."""
+        acks, self._acks = self._acks, []
+        if acks:
+            self.engine.ack_many(acks)
+
     def _wake(self) -> None:
         if self._posted:
             return
@@ -195,6 +216,8 @@ def routed(regular: Handler, queued: Handler) -> Handler:
     async def handle(session: Session, request: Request) -> None:
         service = session.gateway.queues
         if service is not None and service.serves(request.header.get("t")):
+            if not _deferred(request):  # in order: what this connection acked comes first
+                service.apply_acks()
             if needs_owner(request) and not service.engine.owns(request.header["t"]):
                 await service.forward(session, request)
             else:
@@ -204,6 +227,17 @@ def routed(regular: Handler, queued: Handler) -> Handler:
             await regular(session, request)
 
     return handle
+
+
+def _deferred(request: Request) -> bool:
+    """An ack nobody waits for (sow_delete with bookmarks, no processed ack asked): the
+    gateway applies it with the others of the loop's turn (QueueService.defer_ack)."""
+    header = request.header
+    return (
+        header.get("c") == "sow_delete"
+        and header.get("bm") is not None
+        and not request.wants("processed")
+    )
 
 
 def needs_owner(request: Request) -> bool:
@@ -262,6 +296,7 @@ class QueueSubscriber:
         if not self.closed:
             self.closed = True
             self._service._subscribers.discard(self)
+            self._service.apply_acks()  # its acks count before its leases break
             if self.handle is not None:
                 self._service.engine.unsubscribe(self.handle)
 
@@ -331,6 +366,11 @@ async def sow_delete(session: Session, request: Request) -> None:
     if (bookmarks is None) == (filter_text is None):
         raise ProtocolError("sow_delete on a queue takes bookmarks (bm) or a filter (f)")
     engine = _engine(session)
+    if bookmarks is not None and _deferred(request):  # a client's batched ack
+        done = partial(_report_failure, session, request)  # only a failure is answered
+        messages = engine.ack_ids(queue, bookmarks)
+        session.gateway.queues.defer_ack((option or "ack", queue, messages, session, done))  # type: ignore[union-attr]
+        return
     if bookmarks is not None:
         command = partial(getattr(engine, option or "ack"), queue, bookmarks, session)
     else:
@@ -340,7 +380,7 @@ async def sow_delete(session: Session, request: Request) -> None:
         command = partial(engine.ack_by_filter, queue, filter_text, session)
     if request.wants("processed"):
         session.spawn(_answer(session, request, command()), request)
-    else:  # a client's batched ack: only a failure is answered
+    else:
         command(partial(_report_failure, session, request))
 
 
