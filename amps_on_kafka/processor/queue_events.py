@@ -11,8 +11,8 @@ topic is read read_committed, and an ack is answered only once its transaction
 committed.
 
 Group commit: one thread per queue takes every record added since its last transaction
-and commits them in one, so acks that arrive while a commit is in flight share the next
-one: the cost is a transaction per turn, not per message.
+(and in the LINGER after the first) and commits them in one, so acks that arrive
+meanwhile share it: the cost is a transaction per turn, not per message.
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ TRANSACTIONAL_PREFIX = "amps-queue."
 # owner's init_transactions aborts it at once). It also bounds each record's delivery.
 TRANSACTION_TIMEOUT = 60.0
 COMMIT_TIMEOUT = 30.0  # seconds for init_transactions and for each commit
+# Seconds the writer gathers records after the first before it commits them: a
+# transaction costs the broker several requests and markers, and without this wait a
+# queue acked at 13,000 messages a second ran 0.8x as fast (bench queues, 2 cores); an
+# ack is answered up to this much later.
+LINGER = 0.01
 RETRY_FOR = 30.0  # seconds a batch is tried again after errors that are not fatal
 
 
@@ -124,6 +129,7 @@ class EventsWriter:
                 self._cond.wait_for(lambda: self._unsent or self._closed)
                 if not self._unsent:
                     return
+                self._cond.wait_for(lambda: self._closed, LINGER)  # gather more
                 batch, self._unsent = self._unsent, []
                 self._busy = True
             try:
