@@ -378,8 +378,8 @@ def publish_at_once(session: Session, header: dict[str, Any], payload: bytes) ->
         return False
     try:
         _write(session, pending, topic, spec)
-    except AmpsError as exc:
-        session.fail(header, exc.reason)
+    except AmpsError as exc:  # as _handle answers it
+        session.fail(header, exc.reason, exc)
     return True
 
 

@@ -126,6 +126,10 @@ def test_publish_validation_failures_carry_the_reason_and_the_sequence(wire, top
     assert "not valid JSON" in failure(bad_json) and bad_json.header["s"] == 41
     no_key = wire.request({"c": "publish", "cid": "2", "t": topic, "s": 42}, b'{"qty": 1}')
     assert failure(no_key) == "message has no value for the SOW key field /id"
+    # the first took the full path (the topic unknown yet), the second the one without
+    # _handle's layers (publishing.publish_at_once): refused alike
+    assert bad_json.header["error"] == no_key.header["error"] == "MessageError"
+    assert no_key.header["s"] == 42
     negative = wire.request({"c": "publish", "cid": "3", "t": topic, "e": -1}, b'{"id": 1}')
     assert "expiration must be 0" in failure(negative)
     assert_alive(wire)
