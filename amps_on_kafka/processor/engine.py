@@ -226,13 +226,8 @@ class SowEngine:
         sow = self.sow_config(topic)
         rules = self.rules[topic]
         terms = order_terms(order_by) if order_by else None  # a bad order_by fails first
-        with self.lock:
-            owned = self._owned(topic, partitions)
-            sources = [self._source(store, filter, sow) for store in owned]
-            if listener is not None:
-                self._listeners.append(listener)
-            now = self.clock()
-        kept = _rows_kept(sources, filter, terms, lambda r: rules.is_expired(r, now))
+        sources, expired = self._snapshot(topic, sow, filter, listener, partitions)
+        kept = _rows_kept(sources, filter, terms, expired)
         matches, rows = len(kept), kept
         if terms is not None:
             rows = sort_pairs(kept, terms)
@@ -241,6 +236,37 @@ class SowEngine:
             rows, dropped = rows[:top_n], rows
             let_go(dropped)
         return QueryResult(Records(topic, rules.codec, rows), matches)
+
+    def stream(self, topic: str, filter: Filter | None = None) -> Iterator[SowRecord]:
+        """query() without order_by, top_n or listener, one record at a time as the
+        sources are read: the same consistent moment (each source is a snapshot taken
+        here), so a gateway sends the first records while it reads the rest."""
+        sources, expired = self._snapshot(topic, self.sow_config(topic), filter)
+        return (
+            record
+            for source in sources
+            for record in source
+            if not expired(record) and (filter is None or _matches(filter, record))
+        )
+
+    def _snapshot(
+        self,
+        topic: str,
+        sow: SowConfig,
+        filter: Filter | None,
+        listener: Listener | None = None,
+        partitions: Collection[int] | None = None,
+    ) -> tuple[list[Iterator[SowRecord]], Callable[[SowRecord], bool]]:
+        """The sources of a query, taken in one moment, and whether a record has expired
+        as of that moment."""
+        rules = self.rules[topic]
+        with self.lock:
+            owned = self._owned(topic, partitions)
+            sources = [self._source(store, filter, sow) for store in owned]
+            if listener is not None:
+                self._listeners.append(listener)
+            now = self.clock()
+        return sources, lambda record: rules.is_expired(record, now)
 
     def _owned(self, topic: str, partitions: Collection[int] | None = None) -> list[PartitionStore]:
         owned = [s for (t, _), s in sorted(self._stores.items()) if t == topic]

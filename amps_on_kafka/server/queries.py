@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.processor.engine import QueryResult, Records
+from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.cluster import parts_of
 from amps_on_kafka.server.fanout import Boundary
 from amps_on_kafka.server.replies import ack, group, sow_batch
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BATCH = 100
 BATCH_BYTES = 1024 * 1024
+STREAM_WRITE = 2000  # records a streamed answer reads ahead, and sends in one write, at most
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,65 @@ async def _sow(session: Session, request: Request, query: Query, started: float)
     engine, cluster = session.gateway.engine, session.gateway.cluster
     if cluster is not None:  # the whole topic, over the group's workers
         result = await cluster.query(session, request, query)
+        await send_snapshot(session, request, query, result)
+    elif query.order_by is None and query.top_n is None:
+        await _send_streamed(session, request, query)
     else:
         result = await session.gateway.blocking(
             lambda: engine.query(query.topic, **query.options())
         )
-    await send_snapshot(session, request, query, result)
+        await send_snapshot(session, request, query, result)
     session.gateway.stats.query_latency.observe(time.perf_counter() - started)
+
+
+async def _send_streamed(session: Session, request: Request, query: Query) -> None:
+    """An unordered answer sent while it is read: the pool reads and filters the next
+    writes' worth of records while the loop sends the last, and the client decodes them
+    meanwhile. Read whole first, a scan's time was the read plus the transfer (about
+    half each); streamed, it is the longer of the two (docs/performance.md)."""
+    gateway = session.gateway
+    sent = 0
+    chunks: Iterator[list[SowRecord]] = iter(())
+
+    def first() -> list[list[SowRecord]]:  # one trip to the pool for a small answer
+        nonlocal chunks
+        records = gateway.engine.stream(query.topic, query.filter)
+        chunks = batches(records, query.batch_size)
+        return _next_chunks(chunks)
+
+    def read(work: Callable[..., list[list[SowRecord]]], *args: Any) -> asyncio.Future:
+        return asyncio.ensure_future(gateway.blocking(work, *args))
+
+    async def writes() -> AsyncIterator[list[list[SowRecord]]]:
+        nonlocal sent
+        pending = read(first)
+        try:
+            while True:
+                written = await pending
+                count = sum(map(len, written))
+                if count >= STREAM_WRITE:  # maybe more: read on while this write goes out
+                    pending = read(_next_chunks, chunks)
+                if written:
+                    sent += count
+                    yield written
+                if count < STREAM_WRITE:
+                    return
+        finally:
+            pending.cancel()
+
+    await _send_answer(session, request, query, writes(), lambda: (sent, sent))
+
+
+def _next_chunks(chunks: Iterator[list[SowRecord]]) -> list[list[SowRecord]]:
+    """The batches of the next write: up to STREAM_WRITE records, whole batches."""
+    taken: list[list[SowRecord]] = []
+    count = 0
+    for chunk in chunks:
+        taken.append(chunk)
+        count += len(chunk)
+        if count >= STREAM_WRITE:
+            break
+    return taken
 
 
 async def sow_and_subscribe(session: Session, request: Request) -> None:
@@ -130,23 +185,49 @@ async def _snapshot_then_live(
 async def send_snapshot(
     session: Session, request: Request, query: Query, result: QueryResult
 ) -> None:
-    header = request.header
-    if request.wants("processed"):
-        session.send(ack(header, "processed"))
-    session.send(group("group_begin", header, query.topic))
     records = result.records
     taken = records.take() if isinstance(records, Records) else records
-    for chunk in batches(taken, query.batch_size):
-        session.send(*sow_batch(header, query.topic, chunk))
+
+    async def writes() -> AsyncIterator[list[list[SowRecord]]]:
+        for chunk in batches(taken, query.batch_size):
+            yield [chunk]
+
+    await _send_answer(session, request, query, writes(), lambda: (result.matches, len(records)))
+
+
+async def _send_answer(
+    session: Session,
+    request: Request,
+    query: Query,
+    writes: AsyncIterator[list[list[SowRecord]]],
+    counts: Callable[[], tuple[int, int]],
+) -> None:
+    """The answer in as few writes as it allows: one per element of `writes` (a list of
+    `sow` batches), the frames before the first with it and the ones after the last
+    with that one, so a small answer (a key look-up) is one write and one wake-up of the
+    client instead of five. `counts` gives the stats ack's matches and records returned
+    once everything was sent."""
+    header, topic = request.header, query.topic
+    frames = [encode_frame(ack(header, "processed"))] if request.wants("processed") else []
+    frames.append(encode_frame(group("group_begin", header, topic)))
+    written = await anext(writes, None)
+    while written is not None:
+        frames.extend(encode_frame(*sow_batch(header, topic, chunk)) for chunk in written)
+        written = await anext(writes, None)
+        if written is None:
+            break  # the last batches go with the frames that end the answer
+        session.send_encoded(b"".join(frames), len(frames))
+        frames = []
         await session.drain()
         await asyncio.sleep(0)  # drain returns at once while the buffer is low: let others run
-    session.send(group("group_end", header, query.topic))
+    frames.append(encode_frame(group("group_end", header, topic)))
     if request.wants("stats"):
-        session.send(
-            ack(header, "stats", matches=result.matches, records_returned=len(result.records))
-        )
+        matches, returned = counts()
+        stats = ack(header, "stats", matches=matches, records_returned=returned)
+        frames.append(encode_frame(stats))
     if request.wants("completed"):
-        session.send(ack(header, "completed"))
+        frames.append(encode_frame(ack(header, "completed")))
+    session.send_encoded(b"".join(frames), len(frames))
 
 
 def batches(records: Iterable[SowRecord], size: int) -> Iterator[list[SowRecord]]:
