@@ -5,13 +5,15 @@ FALSE", so three-valued AND/OR/NOT become Python's short-circuit ``and``/``or``/
 filter is a single expression with no helper call on its hot path.  Fast paths inline the
 common case (a field compared with a literal of the same type) behind a class check; every
 other case calls the exact helpers in ``values``.  Literal values enter the source only as
-``repr`` of str/int or as named constants, never as raw text, so no filter can inject code.
+named constants (None, True and False as themselves), never as text, so no filter can
+inject code, and filters differing only in their values share one compiled code object.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from functools import lru_cache
+from types import CodeType
 from typing import Any
 
 from amps_on_kafka.errors import FilterError
@@ -79,10 +81,10 @@ class _Codegen:
         self.temps = 0
 
     def const(self, value: object) -> str:
-        """Source text for a constant: a literal for simple values, else a named global."""
-        if value is None or value is True or value is False or value.__class__ in (str, int):
-            return repr(value)
-        if isinstance(value, float) and math.isfinite(value):
+        """Source text for a constant: None, True and False as such, any other value a
+        named global. Filters that differ only in their values (a look-up by key is a new
+        filter text each time) then have the same source and share its compiled code."""
+        if value is None or value is True or value is False:
             return repr(value)
         name = f"_k{len(self.namespace)}"
         self.namespace[name] = value
@@ -317,11 +319,19 @@ def _build(root: n.Node, as_filter: bool, fast_arith: bool) -> tuple[str, Callab
     """Compile the generated source; Python's own limits surface as a FilterError."""
     source, namespace = generate(root, as_filter, fast_arith)
     try:
-        code = compile(source, "<filter>", "exec")
+        code = _compiled(source)
     except (SyntaxError, RecursionError, MemoryError, ValueError) as exc:
         raise FilterError(f"filter is too complex to compile: {exc}") from None
     exec(code, namespace)
     return source, namespace["_run"]
+
+
+@lru_cache(maxsize=1024)
+def _compiled(source: str) -> CodeType:
+    """compile() is most of the cost of a new filter (about 0.3 ms of a key look-up's
+    filter: docs/performance.md); sources hold no values (const), so one code object
+    serves every filter of the same shape."""
+    return compile(source, "<filter>", "exec")
 
 
 def build(root: n.Node, as_filter: bool, fast_arith: bool = True) -> Callable[[Any], Any]:
