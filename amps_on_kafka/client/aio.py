@@ -31,7 +31,7 @@ from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.client import Client
 from amps_on_kafka.client.command import Command
 from amps_on_kafka.client.message import DeleteAck
-from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
+from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream, check_timeout
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
 from amps_on_kafka.log.message import Message
 
@@ -116,6 +116,7 @@ class AsyncStream:
     async def next(self, timeout: float | None = None) -> Message | None:
         """The next message, or None if none came within `timeout` seconds; the stream
         stays open. Raises StopAsyncIteration once the stream has ended."""
+        check_timeout(timeout, wait=True)
         try:
             return await asyncio.wait_for(self.__anext__(), timeout)
         except TimeoutError:

@@ -19,7 +19,7 @@ from amps_on_kafka.client.command import Command
 from amps_on_kafka.client.handlers import Dispatcher, Handler
 from amps_on_kafka.client.kafka_transport import KafkaConfigSource
 from amps_on_kafka.client.message import DeleteAck
-from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.client.stream import MessageStream, check_timeout
 from amps_on_kafka.client.subscriptions import BookmarkSubscription
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
 from amps_on_kafka.log.message import Message
@@ -151,6 +151,7 @@ class ClientBase(ABC):
         With `on_message`, the messages go to that handler on a client thread and the
         sub_id is returned instead of a stream.
         """
+        check_timeout(timeout)  # before anything is opened
         stream = self._open_bookmark_subscription(
             topic, bookmark, filter, until=until, timeout=timeout, sub_id=sub_id, options=options
         )
@@ -195,6 +196,7 @@ class ClientBase(ABC):
         the subscription. `timeout` ends the stream after that many idle seconds. With
         `on_message`, the messages go to that handler on a client thread and the sub_id
         is returned instead of a stream."""
+        check_timeout(timeout)  # before anything is opened
         stream = self._open_subscription(topic, filter, options, sub_id=sub_id, timeout=timeout)
         return self._deliver(stream, on_message)
 
@@ -244,6 +246,7 @@ class ClientBase(ABC):
         """The snapshot (group_begin, "sow" records, group_end), then live changes, with
         no gap and no duplicate between them (tcp:// only). With `on_message`, the
         messages go to that handler on a client thread and the sub_id is returned."""
+        check_timeout(timeout)  # before anything is opened
         stream = self._open_sow_and_subscribe(
             topic,
             filter,

@@ -20,7 +20,7 @@ from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.bookmark_store import BookmarkStore
 from amps_on_kafka.client.kafka_transport import KafkaConfigSource, KafkaTransport, secured
 from amps_on_kafka.client.message import DeleteAck
-from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.client.stream import MessageStream, check_timeout
 from amps_on_kafka.client.subscriptions import BookmarkSubscription, BookmarkSubscriptions
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH, TcpTransport
 from amps_on_kafka.client.uri import parse_uri, shown
@@ -205,6 +205,7 @@ class Client(ClientBase):
         batch_size: int = DEFAULT_BATCH,
         timeout: float | None = None,
     ) -> MessageStream:
+        check_timeout(timeout)
         return self._gateway("sow").sow(topic, filter, order_by, top_n, batch_size, timeout)
 
     def _unsubscribe(self, sub_id: str, ended: bool) -> None:

@@ -20,6 +20,20 @@ TICK_INTERVAL = 0.1  # seconds between ticks of a quiet tcp:// stream
 Item = Message | object  # a Message, or TICK
 
 
+def check_timeout(timeout: float | None, *, wait: bool = False) -> None:
+    """A stream's `timeout=` is None (no limit) or seconds above 0; next()'s (`wait`) may
+    be 0 (don't wait). AMPS clients read 0 as "no limit": refused here rather than ending
+    the stream at once, and NaN, which would never end it, is refused too."""
+    if timeout is None:
+        return
+    number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+    if not number or not (timeout >= 0 if wait else timeout > 0):
+        least = "0 or more" if wait else "above 0"
+        raise ValueError(
+            f"timeout must be a number of seconds {least}, or None for no limit (got {timeout!r})"
+        )
+
+
 class MessageStream:
     """An iterable of messages (and a `completed` marker where one was asked for).
 
@@ -83,6 +97,7 @@ class MessageStream:
         long as it takes). The stream stays open after a timeout: call again to go on
         waiting. A timeout may overrun by up to a tick (0.1 s on tcp://, 0.2 s on
         kafka://). Raises StopIteration once the stream has ended (see `ended`)."""
+        check_timeout(timeout, wait=True)
         if self.ended:
             raise StopIteration
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -56,7 +56,6 @@ def test_the_idle_timeout_still_ends_the_stream(uri, connect, topic_factory):
         assert stream.ended
 
 
-
 def test_a_stream_bounded_by_until_ends_there(bootstrap, connect, topic_factory):
     """Its replay ticks while it runs (log/test_replay.py) and still ends at `until`
     (kafka:// only: over tcp:// `until` is WrongTransport, tests/client_tcp)."""
@@ -88,3 +87,20 @@ def test_unsubscribe_from_another_thread_ends_a_stream_being_read(uri, connect, 
     client.unsubscribe("read-elsewhere")
     reader.join(30)
     assert not reader.is_alive() and stream.ended
+
+
+def test_a_timeout_that_is_no_number_of_seconds_is_refused_before_subscribing(
+    uri, connect, topic_factory
+):
+    """AMPS clients read timeout=0 as "no limit": it ended the stream at once here, and
+    NaN never ended it. Refused, on both transports, before anything is opened."""
+    topic = topic_factory(1)
+    client = connect(uri)
+    for bad in (0, -1, float("nan"), "5", True):
+        with pytest.raises(ValueError, match=r"timeout must be a number of seconds above 0"):
+            client.bookmark_subscribe(topic, NOW, sub_id="t", timeout=bad)
+    with client.bookmark_subscribe(topic, NOW, sub_id="t") as stream:  # nothing was opened
+        assert stream.next(timeout=0) in (COMPLETED, None)  # 0: don't wait
+        for bad in (-1, float("nan"), "5"):
+            with pytest.raises(ValueError, match=r"seconds 0 or more"):
+                stream.next(timeout=bad)
