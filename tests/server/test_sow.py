@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from amps_on_kafka.errors import ServerError
+from amps_on_kafka.server import queries
 from tests.server.helpers import WAIT, is_ack
 
 
@@ -65,6 +66,25 @@ def test_sow_results_come_in_batches_with_stats(served, client, wire):
     assert keys == list(range(10))
     stats = frames[-2].header
     assert (stats["a"], stats["matches"], stats["records_returned"]) == ("stats", 10, 10)
+
+
+@pytest.mark.parametrize("read_ahead", [1, 4, 100])
+def test_a_streamed_answer_reads_ahead_a_bounded_run_and_loses_nothing(
+    served, client, wire, monkeypatch, read_ahead
+):
+    """An unordered sow is read STREAM_WRITE records at a time while the last run is sent
+    (server/queries.py): whatever that bound, against `bs`, every match comes once, in
+    batches of at most `bs`, with stats that count them."""
+    monkeypatch.setattr(queries, "STREAM_WRITE", read_ahead)
+    publish_applied(client, served.topic, [{"id": i, "even": i % 2 == 0} for i in range(11)])
+    request = {"c": "sow", "cid": "q", "t": served.topic, "bs": 2, "a": "stats,completed"}
+    wire.send({**request, "f": "/even = true"})
+    frames = wire.until(lambda f: is_ack(f, "completed"))
+    batches = [f.header["recs"] for f in frames if f.header["c"] == "sow"]
+    assert all(1 <= len(batch) <= 2 for batch in batches)
+    assert sorted(int(meta["k"]) for batch in batches for meta in batch) == list(range(0, 11, 2))
+    stats = frames[-2].header
+    assert (stats["a"], stats["matches"], stats["records_returned"]) == ("stats", 6, 6)
 
 
 def test_delta_publish_merges_into_the_record(served, client):
