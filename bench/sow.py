@@ -1,6 +1,7 @@
 """Issue 4 benchmarks: SOW apply, expiration lag and restart-to-serving, beside raw consume.
 
-    python -m bench sow [--messages 1000000] [--keys 100000] [--expiring 100000] [--no-quix]
+    python -m bench sow [--messages 1000000] [--keys 100000] [--expiring 100000] [--rounds 3]
+                        [--no-quix]
 
 The Quix Streams peer runs in its own virtualenv (.venv-bench-quix, made on first use),
 because quixstreams pins an older confluent-kafka than this project uses.
@@ -93,25 +94,40 @@ def quix_rate(servers: str, topic: str, count: int) -> Result | None:
     return Result("quix", outcome["seconds"], outcome["count"])
 
 
-def bench_apply(servers: str, messages: int, keys: int, quix: bool) -> None:
-    partitions = 1
-    topic = new_topic(servers, "sow", partitions, key=("/id",))
-    fill(servers, topic, documents(messages, keys))
-    peer = raw_consume(servers, topic, partitions, messages)
+def worker_apply(servers: str, topic: str, messages: int, group: str) -> tuple[Result, int]:
+    """A new worker, with an empty state directory, applying the whole topic (one
+    partition): its rate, and how many records its SOW holds after."""
     with tempfile.TemporaryDirectory() as state:
-        worker = Worker(sow_config(topic, partitions), servers, state, group_id=f"bench-{topic}")
+        worker = Worker(sow_config(topic, 1), servers, state, group_id=group)
         seconds = apply_seconds(worker, topic, end_offsets(servers, topic))
         count = sum(s.count() for s in worker.engine.stores())
         worker.stop()
-    ours = Result("worker", seconds, messages)
-    report(f"SOW apply: {messages:,} publishes over {keys:,} keys", ours, peer, 0.4)
-    print(f"{'':<48} worker {ours.rate:,.0f} upserts/s (target 100,000); SOW holds {count:,}")
+    return Result("worker", seconds, messages), count
+
+
+def bench_apply(servers: str, messages: int, keys: int, quix: bool, rounds: int) -> None:
+    """Raw consume and the worker alternate for `rounds` rounds over the same topic, and
+    each side's best is compared: on a shared machine one run moves by 30% or more."""
+    partitions = 1
+    topic = new_topic(servers, "sow", partitions, key=("/id",))
+    fill(servers, topic, documents(messages, keys))
+    peers, ours = [], []
+    for index in range(rounds):
+        peers.append(raw_consume(servers, topic, partitions, messages))
+        result, count = worker_apply(servers, topic, messages, f"bench-{topic}-{index}")
+        ours.append(result)
+    peer, best = max(peers, key=lambda r: r.rate), max(ours, key=lambda r: r.rate)
+    title = f"SOW apply: {messages:,} publishes over {keys:,} keys (best of {rounds})"
+    report(title, best, peer, 0.5)
+    print(f"{'':<48} worker {best.rate:,.0f} upserts/s (target 100,000); SOW holds {count:,}")
+    ratios = ", ".join(f"{o.rate / p.rate:.2f}" for o, p in zip(ours, peers, strict=True))
+    print(f"{'':<48} each round's ratio: {ratios}", flush=True)
     throttled = raw_consume(servers, topic, partitions, messages, defaults=True)
-    report("  the same, beside raw with librdkafka's defaults", ours, throttled)
+    report("  the same, beside raw with librdkafka's defaults", best, throttled)
     if quix:
         quix_result = quix_rate(servers, topic, messages)
         if quix_result is not None:
-            report("SOW apply vs the Quix Streams peer", ours, quix_result)
+            report("SOW apply vs the Quix Streams peer", best, quix_result)
 
 
 def bench_restart(servers: str, messages: int, keys: int) -> None:
@@ -174,10 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--expiring", type=int, default=100_000)
     parser.add_argument("--restart-records", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3, help="of raw consume and apply")
     parser.add_argument("--no-quix", action="store_true")
     args = parser.parse_args(argv)
     servers = bootstrap()
-    bench_apply(servers, args.messages, args.keys, not args.no_quix)
+    bench_apply(servers, args.messages, args.keys, not args.no_quix, args.rounds)
     bench_expiration(servers, args.expiring)
     bench_restart(servers, args.restart_records, args.restart_records)
 

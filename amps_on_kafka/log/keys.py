@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -90,7 +90,7 @@ class KeyExtractor:
         if kinds == {int}:
             return list(map(str, values))  # key_text of an int (a bool is not one here)
         if kinds == {str} and "" not in values:
-            return values
+            return cast(list[str], values)
         return list(map(self, batch))
 
 
