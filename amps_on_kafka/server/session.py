@@ -165,12 +165,17 @@ class Session:
         header = event.header
         if header.get("c") != "publish" or "a" in header:
             return False
-        entitlements, queues = self.entitlements, self.gateway.queues
-        if entitlements is not None and not entitlements.unrestricted:
+        if not self._unchecked():
             return False
+        queues = self.gateway.queues
         if queues is not None and queues.serves(header.get("t")):
             return False
         return publishing.publish_at_once(self, header, event.payload)
+
+    def _unchecked(self) -> bool:
+        """Whether this session's user has nothing to check: no entitlements, or all."""
+        entitlements = self.entitlements
+        return entitlements is None or entitlements.unrestricted
 
     async def _handle(self, event: Frame | BadFrame) -> None:
         if isinstance(event, BadFrame):
@@ -216,7 +221,7 @@ class Session:
         """Refuse what the user is not entitled to (Denied); narrow what it reads to its
         entitlement filter, by ANDing that into the command's `f`."""
         command, entitlements = request.command, self.entitlements
-        if entitlements is None or entitlements.unrestricted or command not in WRITES | READS:
+        if self._unchecked() or command not in WRITES | READS:
             return
         header = request.header
         topic: str = text(header, "t", required=True)  # type: ignore[assignment]
