@@ -60,7 +60,13 @@ def sow(topic, filter_text, order_by, top_n, batch_size, server) -> None:
 @click.option("--oof", is_flag=True, help="Also print out-of-focus messages (reason included).")
 @click.option("--sow", "with_sow", is_flag=True, help="Print the current records first.")
 @click.option("--bookmark", "-m", default=None, help="Replay the log from here, then go live.")
-@click.option("--timeout", type=float, default=None, help="Stop after this many idle seconds.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    callback=lambda _ctx, _param, value: _idle_seconds(value),
+    help="Stop after this many idle seconds (default: never).",
+)
 @server_option
 @reports_errors
 def subscribe(topic, filter_text, oof, with_sow, bookmark, timeout, server) -> None:
@@ -79,6 +85,14 @@ def subscribe(topic, filter_text, oof, with_sow, bookmark, timeout, server) -> N
             stream = client.subscribe(topic, filter_text, options, timeout=timeout)
         with stream:
             _print(stream, sys.stdout.buffer)
+
+
+def _idle_seconds(value: float | None) -> float | None:
+    """A usage error, as the client's own check would be a traceback (NaN passes
+    click's FloatRange)."""
+    if value is not None and not value > 0:
+        raise click.BadParameter(f"{value} is not a number of seconds above 0")
+    return value
 
 
 @click.command("sow-delete")

@@ -72,3 +72,10 @@ def test_subscribe_from_a_bookmark_replays_the_log(served, filled, run):
     ]
     code, _, output = run(subscribe, served.topic, "--bookmark", "0", "--oof")
     assert code == 2 and "excludes --oof" in output
+
+
+def test_subscribe_refuses_a_timeout_of_no_seconds_as_a_usage_error():
+    """It went to the client as is, whose ValueError came out as a traceback."""
+    for bad in ("0", "-1", "nan"):
+        result = CliRunner().invoke(subscribe, ["t", "--timeout", bad, "--server", "tcp://h:1"])
+        assert result.exit_code == 2 and "Invalid value for '--timeout'" in result.output
