@@ -215,7 +215,6 @@ class QueueRuntime:
         self._durable_next = self._replay_events(events_from)
         state.ev_next = self._durable_next
         self._read = True
-        self._turned = time.monotonic()  # recovering is no stall
         self._consumer.assign(
             [TopicPartition(t, p, state.positions[(t, p)]) for t, p in partitions]
         )
@@ -371,6 +370,7 @@ class QueueRuntime:
 
     def _loop(self, done: Callable[[], bool]) -> None:
         engine, state, consumer = self.engine, self.state, self._consumer
+        self._turned = time.monotonic()  # recovering (and looking up the ends) is no stall
         while not (engine._stop.is_set() or self._halted.is_set() or done()):
             with collections_paused():  # see processor/collections.py
                 records = consume_available(consumer, BATCH_SIZE, self._wait())
