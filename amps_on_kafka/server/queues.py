@@ -60,8 +60,8 @@ if TYPE_CHECKING:
 
 Handler = Callable[["Session", Request], Awaitable[None]]
 ACK_OPTIONS = ("cancel", "expire")
-# A batched delivery frame closes at this many messages or payload bytes (a later
-# delivery of the burst opens the next one): the frame stays far below any frame limit.
+# A batched delivery frame closes once it holds this many messages or payload bytes (a
+# later delivery of the burst opens the next one): at most that plus one message.
 BATCH_RECORDS = 1000
 BATCH_BYTES = 1 << 20
 

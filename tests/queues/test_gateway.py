@@ -14,6 +14,8 @@ from amps_on_kafka.errors import MessageError, PublishError, ServerError
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.worker import Worker
+from amps_on_kafka.protocol.frames import FrameDecoder
+from amps_on_kafka.server.queues import BATCH_BYTES, BATCH_RECORDS, DeliveryBatch
 from tests.conftest import create_topic, delete_topics
 from tests.queues.helpers import event_records, eventually, take
 from tests.server.helpers import Wire
@@ -194,6 +196,17 @@ def test_option_batch_delivers_a_burst_as_frames_of_records(serve, clients, queu
         assert wire.request({**ack, "a": "processed"}).header["matches"] == 5
     finally:
         wire.close()
+
+
+def test_a_delivery_batch_closes_at_its_bounds_and_encodes_as_one_frame():
+    batch = DeliveryBatch("s", "q")
+    assert all(batch.add({"bm": f"q|0|{n}|"}, b"{}") for n in range(BATCH_RECORDS - 1))
+    assert not batch.add({"bm": "q|0|last|"}, b"{}")  # full by count
+    [frame] = FrameDecoder(1 << 30).feed(batch.encode())
+    assert len(frame.header["recs"]) == BATCH_RECORDS
+    assert len(frame.payload) == 2 * BATCH_RECORDS
+    big = DeliveryBatch("s", "q")
+    assert not big.add({"bm": "q|0|0|"}, b"x" * BATCH_BYTES)  # full by bytes
 
 
 def test_a_client_reads_batched_deliveries_as_messages(serve, clients, queue_config):
