@@ -193,9 +193,9 @@ class LogPublisher:
                 value = dumps(data)
             except TypeError:
                 return general(topic, data)  # raises the codec's MessageError
-            sequence = next(sequences)
             if extract is None:
                 key = None
+                sequence = next(sequences)  # numbered once valid, as publish() does
                 headers = [publisher, (H_SEQUENCE, b"%d" % sequence)]
             else:
                 known = data.get(field) if field is not None else None
@@ -205,6 +205,7 @@ class LogPublisher:
                     key = known
                 else:
                     key = extract(data)
+                sequence = next(sequences)
                 headers = [publisher, (H_SEQUENCE, b"%d" % sequence), (H_SOW_KEY, key.encode())]
                 if partitions:  # the count Kafka has, refreshed as _partition does
                     cached = counts.get(name)
@@ -222,8 +223,8 @@ class LogPublisher:
         return publish
 
     def _route(self, topic: str) -> Route | None:
-        """What publish_document needs of a topic (name, key extractor, partition count
-        to check), or None when its publishes take the general path."""
+        """What publish_document needs of a topic (a Route), or None when its publishes
+        take the general path."""
         spec = self.spec(topic)
         extract = spec.key_extractor
         keyed = extract is not None and not spec.repartition

@@ -46,6 +46,11 @@ def test_both_paths_write_the_same_records(bootstrap, topic_factory, partitions,
             assert general.publish(general_topic, document) == fast.publish_document(
                 fast_topic, document
             )
+            if "key" in spec:  # a refusal takes no sequence number on either path
+                with pytest.raises(MessageError):
+                    general.publish(general_topic, {"n": 0})
+                with pytest.raises(MessageError):
+                    fast.publish_document(fast_topic, {"n": 0})
     finally:
         general.close(30)
         fast.close(30)
