@@ -138,10 +138,27 @@ def best_publish(
     return [best["raw"], best["raw+envelope"], best["client"]], raw_topic, our_topic
 
 
+def best_replay(
+    servers: str, raw_topic: str, our_topic: str, partitions: int, total: int, rounds: int
+) -> tuple[Result, Result]:
+    """The fastest of `rounds` raw consumes and of `rounds` replays, alternating which goes
+    first: on a shared machine a single replay ran anywhere from 0.4x to 0.9x of its peer
+    (docs/performance.md), so each side's best is what compares the code."""
+    peers, ours = [], []
+    for round_ in range(rounds):
+        sides = [
+            lambda: peers.append(raw_consume(servers, raw_topic, partitions, total)),
+            lambda: ours.append(client_replay(servers, our_topic, total)),
+        ]
+        for side in sides[:: -1 if round_ % 2 else 1]:
+            side()
+    return max(peers, key=lambda r: r.rate), max(ours, key=lambda r: r.rate)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench log")
     parser.add_argument("--messages", type=int, default=500_000)
-    parser.add_argument("--rounds", type=int, default=3, help="publish rounds, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each, alternating")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -158,9 +175,9 @@ def main(argv: list[str] | None = None) -> None:
         report(title, ours, peer)
         report("  the same, beside raw carrying the same metadata", ours, dressed, 0.8)
         total = len(docs) + 1  # the warm-up message is in the log too
-        peer = raw_consume(servers, raw_topic, partitions, total)
-        ours = client_replay(servers, our_topic, total)
-        report(f"bookmark_subscribe from EPOCH, {partitions} partition(s)", ours, peer, 0.85)
+        peer, ours = best_replay(servers, raw_topic, our_topic, partitions, total, args.rounds)
+        title = f"bookmark_subscribe from EPOCH, {partitions} partition(s), best of {args.rounds}"
+        report(title, ours, peer, 0.85)
         hits = selective_count(docs) + selective_count(docs[:1])
         filtered = client_replay(servers, our_topic, hits, SELECTIVE)
         scanned = Result("client", filtered.seconds, total)  # records read, not delivered
