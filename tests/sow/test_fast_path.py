@@ -18,7 +18,8 @@ from amps_on_kafka.config import Config
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.envelope import Command, Envelope
 from amps_on_kafka.log.message import LogMessage
-from amps_on_kafka.processor.worker import Worker, _replaced
+from amps_on_kafka.processor.applying import _replaced
+from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.state.events import BatchApplied
 from amps_on_kafka.state.sow import Applied, DictState, SowRules
 

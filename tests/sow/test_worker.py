@@ -10,7 +10,8 @@ from confluent_kafka import Producer
 
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.replay import Replay
-from amps_on_kafka.processor.worker import MAX_IDLE_WAIT, now_ms
+from amps_on_kafka.processor.applying import MAX_IDLE_WAIT
+from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.state.sow import Applied, DictState
 from tests.sow.conftest import sow_config, wait_caught_up
 
