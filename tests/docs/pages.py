@@ -174,7 +174,7 @@ class Page:
         tests/spark started it first), not the page's."""
         return [
             str(self.workdir / arg) if before == "--out" and "://" not in arg else arg
-            for before, arg in zip(["", *args], args, strict=True)
+            for before, arg in zip(["", *args[:-1]], args, strict=True)
         ]
 
     def run_python(self, block: Block) -> None:
