@@ -31,6 +31,7 @@ from amps_on_kafka.state.record import NEVER, pack_record
 from amps_on_kafka.state.store import PartitionStore
 from tests.conftest import delete_topics
 from tests.scaling.helpers import session_timeout
+from tests.sow.test_poison import set_max_message_bytes
 from tests.sow.test_worker import reference_sow
 
 ROOT = Path(__file__).parents[2]
@@ -372,3 +373,22 @@ def publish_range(client, topic: str, start: int, end: int) -> None:
     for i in range(start, end):
         client.publish(topic, {"id": i, "v": i})
     client.publish_flush(10)
+
+
+def test_a_changelog_write_kafka_refuses_is_counted_and_its_batch_waits(
+    bootstrap, sow_topic, client, run_worker, tmp_path
+):
+    """A changelog transaction Kafka refuses (a record over the changelog's
+    max.message.bytes) leaves the store as it was and is counted in the admin view
+    (amps_changelog_failures_total); once Kafka takes it again the batch goes in."""
+    config, group = config_of(sow_topic, bootstrap), f"g-{uuid.uuid4().hex[:8]}"
+    worker = run_worker(config, tmp_path / "state", group)
+    changelog = changelog_topic(group, sow_topic)
+    set_max_message_bytes(bootstrap, changelog, 1000)  # room for transaction markers
+    client.publish(sow_topic, {"id": 1, "blob": os.urandom(3000).hex()})  # lz4 can't fit it
+    client.publish_flush(10)
+    until(lambda: worker_view(worker)["changelog_failures"] >= 1, "no failure counted")
+    assert held(worker, sow_topic) == {}  # not in the store before it is in the changelog
+    set_max_message_bytes(bootstrap, changelog, 1_048_588)
+    caught_up(worker, bootstrap, sow_topic)
+    assert list(held(worker, sow_topic)) == ["1"]
