@@ -233,6 +233,7 @@ class Assignment:
                     "partition": store.partition,
                 },
             )
+            store.mark_changelogged(None)  # told once: a copy that fails is retried quietly
         consumed = self._consumed(store.topic)
         changelog.seed(store, self._group_consumer, consumed)  # type: ignore[union-attr, arg-type]
 
