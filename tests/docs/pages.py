@@ -48,8 +48,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -266,7 +270,10 @@ def run_page(path: Path, page_runner: Callable[[Path], Page]) -> None:
         if "pyspark" in requires:
             from amps_on_kafka.spark.session import spark_session
 
-            spark.enter_context(spark_session("local[2]", shuffle_partitions=2, progress=False))
+            session = spark.enter_context(
+                spark_session("local[2]", shuffle_partitions=2, progress=False)
+            )
+            spark.callback(work_in, session, work_in(session, page.workdir))
         for block in runnable:
             started = time.monotonic()
             page.run(block)
@@ -291,3 +298,15 @@ def pages_with_examples(*, spark: bool) -> list[Path]:
         if runnable_blocks(blocks) and ("pyspark" in requires) == spark:
             pages.append(page)
     return pages
+
+
+def work_in(session: SparkSession, directory: Path | str) -> str:
+    """Relative paths in a page's Spark code resolve in `directory`, as a reader's would
+    in theirs; returns the directory they resolved in before. The JVM resolves them
+    against its local file system's working directory, which is where it started: the
+    checkout, when an earlier test of this process started it."""
+    hadoop = session._jvm.org.apache.hadoop.fs
+    local = hadoop.FileSystem.getLocal(session._jsc.hadoopConfiguration())
+    before = local.getWorkingDirectory().toString()
+    local.setWorkingDirectory(hadoop.Path(str(directory)))
+    return before
