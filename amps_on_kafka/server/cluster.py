@@ -227,11 +227,36 @@ class Cluster:
             changed = self._change
             plan = await self.plan(query.topic, deadline)
             try:
-                answers = await self._gather(plan, request, query)
+                answers = await self._gather_until_moved(plan, request, query)
             except PartitionsMoving as exc:  # a stale claim: its worker no longer serves it
                 await self._wait(changed, deadline, exc)
                 continue
             return await self.gateway.blocking(merge, answers, query.order_by, query.top_n)
+
+    async def _gather_until_moved(
+        self, plan: Plan, request: Request, query: Query
+    ) -> list[QueryResult]:
+        """The plan's answers; PartitionsMoving as soon as the group changes the plan. A
+        frozen peer (a long pause) keeps its connection open but never answers: without
+        this, the query waited ANSWER_IDLE (30 s) for it after its partitions had moved."""
+        gather = asyncio.ensure_future(self._gather(plan, request, query))
+        try:
+            while True:
+                changed: asyncio.Future[Any] = self._change
+                await asyncio.wait([gather, changed], return_when=asyncio.FIRST_COMPLETED)
+                if gather.done():
+                    return gather.result()
+                if self.current_or_none(plan.topic, len(plan.owners)) != plan:
+                    raise PartitionsMoving(f"retry: partitions moving ({plan.topic} moved)")
+        finally:
+            gather.cancel()
+
+    def current_or_none(self, topic: str, count: int) -> Plan | None:
+        """The plan now, None while a partition has no worker."""
+        try:
+            return self.current(topic, count)
+        except PartitionsMoving:
+            return None
 
     async def _gather(self, plan: Plan, request: Request, query: Query) -> list[QueryResult]:
         engine, options = self.gateway.engine, query.options()

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
@@ -22,6 +22,7 @@ from tests.scaling.workers import WorkerProcess
 SESSION_TIMEOUT = 2.0  # at least the broker's group.min.session.timeout.ms (session_timeout)
 DEADLINE = 60.0  # seconds for an owner to be announced, or a retried command to succeed
 
+R = TypeVar("R")
 DRAIN_SILENCE = 75.0  # seconds: past the queue's 60 s lease (workers.py)
 
 
@@ -37,6 +38,23 @@ def session_timeout(bootstrap: str) -> float:
 
 def owner_of(bootstrap: str, group: str, queue: str) -> str:
     """The worker the membership directory names as the queue's owner (waits for one)."""
+    owner = announced(bootstrap, group, lambda directory: directory.queue_owner(queue))
+    return owner.worker
+
+
+def partition_owners(bootstrap: str, group: str, topic: str, count: int) -> dict[int, str]:
+    """The worker the membership directory names for each of the topic's `count`
+    partitions (waits until every one has one)."""
+
+    def claims(directory: Directory) -> dict[int, str] | None:
+        owners = {p: member.worker for p, member in directory.owners(topic).items()}
+        return owners if len(owners) == count else None
+
+    return announced(bootstrap, group, claims)
+
+
+def announced(bootstrap: str, group: str, found: Callable[[Directory], R | None]) -> R:
+    """What `found` makes of the group's membership directory once it is not None."""
     deadline = time.monotonic() + DEADLINE
     directory = Directory(group)
     consumer = reader(bootstrap)
@@ -46,10 +64,9 @@ def owner_of(bootstrap: str, group: str, queue: str) -> str:
             for record in consumer.consume(500, timeout=0.2):
                 if record.error() is None:
                     directory.apply(record.key(), record.value(), record.offset())
-            owner = directory.queue_owner(queue)
-            if owner is not None:
-                return owner.worker
-            assert time.monotonic() < deadline, f"no owner of {queue} announced"
+            if (answer := found(directory)) is not None:
+                return answer
+            assert time.monotonic() < deadline, f"not announced in {group}"
     finally:
         consumer.close()
 
