@@ -238,7 +238,7 @@ class AsyncClient:
         timeout: float | None = None,
         sub_id: str | None = None,
         options: str | None = None,
-        on_message: object = None,
+        on_message: None = None,  # a type checker flags a handler: use execute_async
     ) -> AsyncStream:
         """Client.bookmark_subscribe, as an AsyncStream (handlers: execute_async)."""
         _no_handler("bookmark_subscribe", on_message)
@@ -261,7 +261,7 @@ class AsyncClient:
         *,
         sub_id: str | None = None,
         timeout: float | None = None,
-        on_message: object = None,
+        on_message: None = None,  # a type checker flags a handler: use execute_async
     ) -> AsyncStream:
         """Client.subscribe, as an AsyncStream (handlers: execute_async)."""
         _no_handler("subscribe", on_message)
@@ -280,7 +280,7 @@ class AsyncClient:
         batch_size: int = DEFAULT_BATCH,
         sub_id: str | None = None,
         timeout: float | None = None,
-        on_message: object = None,
+        on_message: None = None,  # a type checker flags a handler: use execute_async
     ) -> AsyncStream:
         """Client.sow_and_subscribe, as an AsyncStream (handlers: execute_async)."""
         _no_handler("sow_and_subscribe", on_message)

@@ -288,8 +288,8 @@ class BookmarkSubscriptions:
     def _resolve(self, bookmark: str, sub_id: str) -> str:
         """MOST_RECENT is the store's recovery point (EPOCH when it knows nothing); the
         log never sees MOST_RECENT itself."""
-        if bookmark.strip().lower() != MOST_RECENT:
-            return bookmark
+        if not isinstance(bookmark, str) or bookmark.strip().lower() != MOST_RECENT:
+            return bookmark  # parse_bookmark names what is wrong with it
         if self.store is None:
             raise InvalidBookmark(
                 "MOST_RECENT needs a bookmark store: call set_bookmark_store(...) first"

@@ -70,7 +70,9 @@ def format_list(positions: Iterable[Position]) -> str:
 
 def parse_bookmark(text: str) -> Bookmark:
     """Parse any bookmark form; InvalidBookmark names what is wrong with the text."""
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        raise InvalidBookmark(f"a bookmark must be a string, not {type(text).__name__}")
+    if not text.strip():
         raise InvalidBookmark(
             "empty bookmark: expected 0, 0|1|, a timestamp or topic|partition|offset|"
         )

@@ -73,6 +73,8 @@ def test_bad_arguments_raise_the_same_error_on_both_transports(uri, connect, top
     client = connect(uri)
     with pytest.raises(InvalidBookmark, match=r"malformed bookmark 'garbage\|x\|'"):
         client.bookmark_subscribe(topic, "garbage|x|", sub_id="after")
+    with pytest.raises(InvalidBookmark, match="a bookmark must be a string, not int"):
+        client.bookmark_subscribe(topic, 0, sub_id="after")  # was AttributeError: 'strip'
     with pytest.raises(MessageError, match=r"exactly one of filter, keys or data \(got none\)"):
         client.sow_delete(topic)
     with pytest.raises(MessageError, match=r"\(got \['filter', 'keys'\]\)"):
