@@ -293,6 +293,9 @@ class HAClient(ClientBase):
             except TransportError as exc:
                 self.reconnect(exc, generation=generation)  # republishes it with the rest
                 result = self._republished.get(sequence)
+            except BaseException:  # refused, not sent: kept, it would fail every reconnect
+                self.publish_store.remove(sequence)
+                raise
             self._last_sent = sequence
             self._unflushed += 1
             due = self.flush_every is not None and self._unflushed >= self.flush_every

@@ -108,6 +108,13 @@ class PublishStore:
                 self._removed(done)
             return len(done)
 
+    def remove(self, sequence: int) -> None:
+        """Forget one entry: a command refused before it was sent (a bad argument,
+        payload or topic) would be refused again at every reconnect."""
+        with self._lock:
+            if self._entries.pop(sequence, None) is not None:
+                self._removed([sequence])
+
     def unpersisted(self) -> list[StoredPublish]:
         """What Kafka has not acknowledged, oldest first."""
         with self._lock:

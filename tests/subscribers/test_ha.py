@@ -14,7 +14,7 @@ from amps_on_kafka.client import (
     RoundRobinChooser,
 )
 from amps_on_kafka.client.publish_store import StoredPublish
-from amps_on_kafka.errors import TransportError
+from amps_on_kafka.errors import MessageError, TransportError
 from amps_on_kafka.log.message import COMPLETED
 from tests.subscribers.conftest import until_completed
 
@@ -143,6 +143,21 @@ def test_sow_delete_goes_through_the_publish_store(bootstrap, client, topic_fact
         ("publish", after),
     ]
     assert after > first
+
+
+def test_a_command_refused_before_it_is_sent_leaves_no_entry_to_republish(bootstrap, topic_factory):
+    """A refused sow_delete or payload stayed in the publish store, and every reconnect
+    then raised its error again: the HA client could no longer connect."""
+    topic = topic_factory(1, key=("/id",))
+    store = MemoryPublishStore()
+    with ha_client(bootstrap, "ha-refused", publish_store=store, flush_every=None) as ha:
+        with pytest.raises(MessageError, match="exactly one of filter, keys or data"):
+            ha.sow_delete(topic)
+        with pytest.raises(MessageError, match="payload is not valid JSON"):
+            ha.publish(topic, "{not json")
+        assert len(store) == 0
+        ha.reconnect()
+        assert ha.generation == 2
 
 
 def test_a_restarted_publisher_numbers_after_what_its_store_holds(bootstrap, topic_factory):
