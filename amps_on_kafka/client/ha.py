@@ -44,7 +44,7 @@ from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
 from amps_on_kafka.client.uri import shown
 from amps_on_kafka.errors import AmpsError, TransportError
 from amps_on_kafka.log.message import Message
-from amps_on_kafka.log.publisher import FailedWrite
+from amps_on_kafka.log.publisher import FailedWrite, check_delete_target
 
 log = logging.getLogger(__name__)
 SOW_DELETE_RESERVE = 10_000  # sequence numbers a sow_delete may use: one per record
@@ -268,6 +268,7 @@ class HAClient(ClientBase):
     ) -> DeleteAck:
         """A sow_delete goes through the publish store like a publish; returns what
         Client.sow_delete returns (its records are numbered from the stored sequence)."""
+        check_delete_target(filter, keys, data)  # before list() makes "123" three keys
         options = {"filter": filter, "keys": list(keys) if keys is not None else None, **kw}
         result: DeleteAck = self._send("sow_delete", topic, data, None, options)[1]
         return result

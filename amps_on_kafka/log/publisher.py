@@ -514,3 +514,8 @@ def check_delete_target(filter: str | None, keys: Iterable[str] | None, data: An
         raise MessageError(
             f"sow_delete takes exactly one of filter, keys or data (got {given or 'none'})"
         )
+    if isinstance(keys, str | bytes):  # its characters would each be a key to delete
+        raise MessageError(
+            f"sow_delete keys= takes a list of keys, not a string: keys=[{keys!r}] "
+            f"deletes that one key"
+        )

@@ -79,6 +79,8 @@ def test_bad_arguments_raise_the_same_error_on_both_transports(uri, connect, top
         client.sow_delete(topic)
     with pytest.raises(MessageError, match=r"\(got \['filter', 'keys'\]\)"):
         client.sow_delete(topic, "/id = 1", keys=["1"])
+    with pytest.raises(MessageError, match=r"a list of keys, not a string: keys=\['123'\]"):
+        client.sow_delete(topic, keys="123")  # deleted the keys '1', '2' and '3'
     with client.bookmark_subscribe(topic, "0", sub_id="after") as stream:  # sub_id free again
         assert stream.next(timeout=30) is COMPLETED
 

@@ -153,6 +153,8 @@ def test_a_command_refused_before_it_is_sent_leaves_no_entry_to_republish(bootst
     with ha_client(bootstrap, "ha-refused", publish_store=store, flush_every=None) as ha:
         with pytest.raises(MessageError, match="exactly one of filter, keys or data"):
             ha.sow_delete(topic)
+        with pytest.raises(MessageError, match="a list of keys, not a string"):
+            ha.sow_delete(topic, keys="12")
         with pytest.raises(MessageError, match="payload is not valid JSON"):
             ha.publish(topic, "{not json")
         assert len(store) == 0
