@@ -12,6 +12,10 @@ of messages and the log of events; leases are the only state that is never recor
 Vocabulary: a message is *in the queue* while it is WAITING (beyond TargetQueueDepth),
 HELD (behind a barrier), AVAILABLE or LEASED. An at-most-once delivery takes it out of
 the queue (TAKEN) but it stays in its subscriber's backlog until acknowledged.
+
+QueueState keeps the state, admits messages read from the log, applies recorded events
+and answers views; subscriptions and delivery are state/queue_delivery.py, and how
+messages leave the queue (acks, cancels, time, barriers, depth) state/queue_removal.py.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from amps_on_kafka.state.queue_delivery import Delivering
+from amps_on_kafka.state.queue_removal import Removal
 from amps_on_kafka.state.queue_types import (
     IN_QUEUE,
     TP,
-    AckResult,
-    Delivery,
     Early,
     EventKind,
     MessageId,
@@ -40,13 +44,12 @@ from amps_on_kafka.state.queue_types import (
     Subscription,
     evaluate,
 )
-from amps_on_kafka.state.ready_queue import ReadyQueue, pop_first
+from amps_on_kafka.state.ready_queue import ReadyQueue
 
 Clock = Callable[[], int]  # milliseconds
-COMPACT_SLACK = 1024  # removed messages left in the delivery structures before a sweep
 
 
-class QueueState:
+class QueueState(Delivering, Removal):
     """One queue's messages, leases and subscriptions."""
 
     def __init__(
@@ -227,377 +230,6 @@ class QueueState:
         if self._early_floor is None:
             self._early_floor = min(e.ev_pos for e in self._early.values())
         return min(self.ev_next, self._early_floor)
-
-    # -- subscriptions --------------------------------------------------------------
-    def subscribe(self, subscription: Subscription) -> None:
-        self.subscriptions.append(subscription)
-        self._leased[subscription] = {}
-        for group in self._parked.values():  # the newcomer may want any of them
-            group.drain_into(self._ready)
-        self._parked.clear()
-
-    def unsubscribe(self, subscription: Subscription) -> None:
-        """The subscription ends: its leases are broken at once (seed 002)."""
-        if subscription not in self._leased:
-            return
-        index = self.subscriptions.index(subscription)
-        del self.subscriptions[index]
-        if index < self._rr:
-            self._rr -= 1  # the same subscription stays next in turn
-        now = self.clock()
-        for entry in list(self._leased[subscription].values()):
-            self._lease_ended(entry, now)
-        del self._leased[subscription]
-        self._forget_in_parked(subscription)
-
-    def _forget_in_parked(self, subscription: Subscription) -> None:
-        """Parked messages are no longer grouped by a subscription that ended (which
-        would keep it, and its session, alive)."""
-        parked, self._parked = self._parked, {}
-        for wanted_by, group in parked.items():
-            key = wanted_by - {subscription}
-            same = self._parked.get(key)
-            if same is None:
-                self._parked[key] = group
-            else:
-                group.drain_into(same)
-
-    def disconnect(self, session: Hashable) -> None:
-        for subscription in [s for s in self.subscriptions if s.session == session]:
-            self.unsubscribe(subscription)
-
-    def leases_of(self, subscription: Subscription) -> list[QueueEntry]:
-        return list(self._leased.get(subscription, {}).values())
-
-    # -- delivery ---------------------------------------------------------------------
-    def dispatch(self) -> None:
-        """Deliver what can be delivered: each message, oldest (or highest priority) first,
-        to the subscription the queue's fairness picks among those with room that want it."""
-        open_subs = [s for s in self.subscriptions if s.has_room]
-        sources = self._sources(open_subs)
-        while open_subs:
-            entry = pop_first(sources)
-            if entry is None:
-                return
-            if entry.status is not Status.AVAILABLE:
-                continue  # removed while it waited to be delivered
-            chosen = self._choose(entry, open_subs)
-            if chosen is None:
-                self._park(entry)
-                continue
-            self._deliver(entry, chosen)
-            if not chosen.has_room:
-                open_subs.remove(chosen)
-                sources = self._sources(open_subs)
-
-    def _sources(self, open_subs: list[Subscription]) -> list[ReadyQueue]:
-        """Where the next message for `open_subs` can be: the ready queue, and the parked
-        groups some of them want."""
-        sources = [self._ready]
-        for wanted_by, group in self._parked.items():
-            if not wanted_by.isdisjoint(open_subs):
-                sources.append(group)
-        return sources
-
-    def _park(self, entry: QueueEntry) -> None:
-        wanted_by = frozenset(s for s in self.subscriptions if s.wants(entry))
-        group = self._parked.get(wanted_by)
-        if group is None:
-            group = self._parked[wanted_by] = ReadyQueue()
-        group.push(entry)
-
-    def _choose(self, entry: QueueEntry, open_subs: list[Subscription]) -> Subscription | None:
-        fairness = self.policy.fairness
-        if fairness == "fast":
-            return next((s for s in open_subs if s.wants(entry)), None)
-        if fairness == "round-robin":
-            return self._next_in_turn(entry)
-        return self._most_room(entry, open_subs)
-
-    def _next_in_turn(self, entry: QueueEntry) -> Subscription | None:
-        """round-robin: the next subscription after the last one served that has room."""
-        subs = self.subscriptions
-        count = len(subs)
-        for step in range(count):
-            index = (self._rr + step) % count
-            candidate = subs[index]
-            if candidate.has_room and candidate.wants(entry):
-                self._rr = index + 1
-                return candidate
-        return None
-
-    @staticmethod
-    def _most_room(entry: QueueEntry, open_subs: list[Subscription]) -> Subscription | None:
-        """proportional: the lowest outstanding / max_backlog; the first found on a tie."""
-        best = None
-        for candidate in open_subs:
-            if best is not None and (
-                candidate.outstanding * best.max_backlog >= best.outstanding * candidate.max_backlog
-            ):
-                continue
-            if candidate.wants(entry):
-                best = candidate
-        return best
-
-    def _deliver(self, entry: QueueEntry, subscription: Subscription) -> None:
-        now = self.clock()
-        entry.deliveries += 1
-        entry.holder = subscription
-        subscription.outstanding += 1
-        self._leased[subscription][entry.id] = entry
-        entry.lease_until = now + self.policy.lease_ms
-        self._leases[entry.id] = entry
-        if self.policy.at_most_once:
-            self.dirty[entry.id] = entry
-            self._take(entry)
-        else:
-            entry.status = Status.LEASED
-            if self.policy.max_deliveries is not None:  # only MaxDeliveries reads the count
-                self.dirty[entry.id] = entry
-                self._record(EventKind.DELIVER, entry)
-        self.outbox.deliveries.append(Delivery(subscription, entry, entry.lease_until))
-
-    def _take(self, entry: QueueEntry) -> None:
-        """at-most-once: the message leaves the queue as it is delivered."""
-        del self.entries[entry.id]
-        self._taken[entry.id] = entry
-        entry.status = Status.TAKEN
-        self._active -= 1
-        self.outbox.events.append(QueueEvent(EventKind.REMOVE, entry.id, reason=Reason.TAKEN))
-        self._promote()
-
-    def _record(self, kind: EventKind, entry: QueueEntry) -> None:
-        self.outbox.events.append(QueueEvent(kind, entry.id, entry.deliveries, entry.cancels))
-
-    # -- acknowledgement ----------------------------------------------------------------
-    def ack(self, messages: Iterable[MessageId], session: Hashable) -> AckResult:
-        """sow_delete by bookmark: each message is processed and leaves the queue.
-
-        With Leasing strict only the session holding the lease may ack a message in the
-        queue; permissive lets any session. An ack for a message not read yet (or beyond
-        TargetQueueDepth) is remembered and honoured when the message arrives (seed 001).
-        """
-        acked, refused = 0, []
-        for message in messages:
-            entry = self.entries.get(message)
-            if entry is None:
-                acked += self._ack_absent(message, session)
-            elif entry.status is Status.WAITING or self._may_act(entry, session):
-                self._remove(entry, Reason.ACK)
-                acked += 1
-            else:
-                refused.append(entry.bookmark)
-        return AckResult(acked, tuple(refused))
-
-    def _ack_absent(self, message: MessageId, session: Hashable) -> int:
-        taken = self._taken.get(message)
-        if taken is not None:
-            if not self.policy.permissive and taken.holder.session != session:  # type: ignore[union-attr]
-                return 0
-            self._drop_taken(taken)
-            return 1
-        if self._unread(message) and (self.in_log is None or self.in_log(message)):
-            self._early_for(message).removed = True
-            self.outbox.events.append(QueueEvent(EventKind.REMOVE, message, reason=Reason.ACK))
-            return 1
-        return 0  # already gone, or past the end of the log: no message to remember
-
-    def _may_act(self, entry: QueueEntry, session: Hashable) -> bool:
-        if self.policy.permissive:
-            return True
-        return entry.status is Status.LEASED and entry.holder.session == session  # type: ignore[union-attr]
-
-    def cancel(self, messages: Iterable[MessageId], session: Hashable) -> AckResult:
-        """Return leased messages to the queue, counting toward MaxCancels (expired past it).
-
-        at-most-once: no effect on the message, but the backlog slot is freed.
-        """
-        return self._each(messages, session, self._cancel_one)
-
-    def expire(self, messages: Iterable[MessageId], session: Hashable) -> AckResult:
-        """Remove messages at once, as expired (dead-lettered when the queue has a target)."""
-        return self._each(
-            messages, session, lambda entry: self._remove(entry, Reason.EXPIRE, dead_letter=True)
-        )
-
-    def _each(
-        self,
-        messages: Iterable[MessageId],
-        session: Hashable,
-        action: Callable[[QueueEntry], None],
-    ) -> AckResult:
-        done, refused = 0, []
-        for message in messages:
-            taken = self._taken.get(message)
-            if taken is not None:
-                done += self._ack_absent(message, session)
-                continue
-            entry = self.entries.get(message)
-            if entry is None or entry.status is Status.WAITING or self.policy.at_most_once:
-                continue  # at-most-once: "these options have no effect" (seed 002)
-            if self._may_act(entry, session):
-                action(entry)
-                done += 1
-            else:
-                refused.append(entry.bookmark)
-        return AckResult(done, tuple(refused))
-
-    def _cancel_one(self, entry: QueueEntry) -> None:
-        entry.cancels += 1
-        self.dirty[entry.id] = entry
-        limit = self.policy.max_cancels
-        if limit is not None and entry.cancels > limit:
-            self._remove(entry, Reason.EXPIRE, dead_letter=True)
-            return
-        self._record(EventKind.CANCEL, entry)
-        if entry.status is Status.LEASED:
-            self._lease_ended(entry, self.clock())
-
-    def ack_by_filter(self, matches: Callable[[Any], bool], session: Hashable) -> int:
-        """sow_delete with a filter: every active message that matches, leased or not
-        (with Leasing strict, not those another session holds)."""
-        victims = [
-            entry
-            for entry in self.entries.values()
-            if entry.status in IN_QUEUE
-            and (entry.status is not Status.LEASED or self._may_act(entry, session))
-            and evaluate(matches, entry.data)
-        ]
-        removed = 0
-        for entry in victims:
-            if entry.status in IN_QUEUE:  # a barrier released on the way has gone already
-                self._remove(entry, Reason.ACK)
-                removed += 1
-        return removed
-
-    # -- time ---------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Leases that ran out, then messages whose time in the queue is over."""
-        now = self.clock()
-        leases = self._leases
-        while leases and next(iter(leases.values())).lease_until <= now:
-            self._lease_ended(leases.popitem(last=False)[1], now)
-        expiry = self._expiry
-        while expiry and expiry[0][0] <= now:
-            entry = heapq.heappop(expiry)[2]
-            if entry.status in (Status.AVAILABLE, Status.HELD):
-                self._remove(entry, Reason.EXPIRE, dead_letter=True)
-        self._compact()
-
-    def _compact(self) -> None:
-        """Drop removed messages from the ready queue and the parked groups once they are
-        most of what those hold (messages expire there while no one takes them)."""
-        groups = [self._ready, *self._parked.values()]
-        if sum(map(len, groups)) <= 2 * len(self.entries) + COMPACT_SLACK:
-            return
-        for group in groups:
-            group.compact()
-        self._parked = {key: group for key, group in self._parked.items() if group}
-
-    def next_due(self) -> int | None:
-        """The earliest time `tick` may have something to do."""
-        times = [self._expiry[0][0]] if self._expiry else []
-        if self._leases:
-            times.append(next(iter(self._leases.values())).lease_until)
-        return min(times) if times else None
-
-    def _lease_ended(self, entry: QueueEntry, now: int) -> None:
-        """A lease ran out or was broken: back to the queue if the message has been in it
-        less than Expiration and delivered fewer than MaxDeliveries times, else removed."""
-        if entry.status is Status.TAKEN:
-            self._drop_taken(entry)
-            return
-        self._unlease(entry)
-        limit = self.policy.max_deliveries
-        if (entry.deadline is not None and entry.deadline <= now) or (
-            limit is not None and entry.deliveries >= limit
-        ):
-            self._remove(entry, Reason.EXPIRE, dead_letter=True)
-        else:
-            self._make_available(entry)
-
-    def _unlease(self, entry: QueueEntry) -> None:
-        holder = entry.holder
-        if holder is not None:
-            holder.outstanding -= 1
-            self._leased[holder].pop(entry.id, None)
-            entry.holder = None
-        self._leases.pop(entry.id, None)
-
-    def _drop_taken(self, entry: QueueEntry) -> None:
-        """An at-most-once delivery is acknowledged: the subscriber has room again."""
-        self._unlease(entry)
-        del self._taken[entry.id]
-        entry.status = Status.REMOVED
-        self._gone(entry)
-
-    # -- leaving the queue -----------------------------------------------------------
-    def _remove(
-        self, entry: QueueEntry, reason: Reason, *, dead_letter: bool = False, record: bool = True
-    ) -> None:
-        status = entry.status
-        if status is Status.LEASED:
-            self._unlease(entry)
-        if status in IN_QUEUE:
-            self._active -= 1
-        entry.status = Status.REMOVED
-        del self.entries[entry.id]
-        self.dirty[entry.id] = entry
-        if record:
-            self.outbox.events.append(QueueEvent(EventKind.REMOVE, entry.id, reason=reason))
-            if dead_letter:
-                self.outbox.dead_letters.append(entry)
-        if entry is self._barrier:
-            self._barrier = None
-            self._release_held()
-        else:
-            self._gone(entry)
-        self._promote()
-
-    def _gone(self, entry: QueueEntry) -> None:
-        """A message left the queue and every backlog: it no longer holds a barrier back."""
-        barrier = self._barrier
-        if barrier is not None and entry.seq < barrier.seq:
-            self._before_barrier -= 1
-            if self._before_barrier == 0:
-                self._send_barrier(barrier)
-
-    def _send_barrier(self, barrier: QueueEntry) -> None:
-        """Seed 001: every message before the barrier is acknowledged, so the barrier goes to
-        every current subscription whose filter matches, ignoring backlogs, and leaves the
-        queue without waiting for an acknowledgement."""
-        for subscription in self.subscriptions:
-            if subscription.wants(barrier):
-                self.outbox.deliveries.append(Delivery(subscription, barrier, None))
-        self._remove(barrier, Reason.BARRIER)
-
-    def _release_held(self) -> None:
-        """Messages behind a barrier that was sent become deliverable, up to the next one."""
-        held, self._held = self._held, deque()
-        for entry in held:
-            if entry.status is Status.HELD:
-                self._place(entry)
-        barrier = self._barrier
-        if barrier is not None and self._before_barrier == 0:
-            self._send_barrier(barrier)
-
-    def _promote(self) -> None:
-        """TargetQueueDepth: activate waiting messages while the active part has room."""
-        depth = self.policy.target_depth
-        if depth is None:
-            return
-        now = self.clock()
-        waiting = self._waiting
-        while waiting and self._active < depth:
-            entry = waiting.popleft()
-            if entry.status is not Status.WAITING:
-                continue  # acknowledged while it waited
-            if entry.deadline is not None and entry.deadline <= now:
-                entry.status = Status.AVAILABLE  # counted active only to leave at once
-                self._active += 1
-                self._remove(entry, Reason.EXPIRE, dead_letter=True)
-                continue
-            self._activate(entry)
 
     # -- views ---------------------------------------------------------------------------
     def browse(self, matches: Callable[[Any], bool] | None = None) -> list[QueueEntry]:

@@ -9,7 +9,7 @@ from types import FrameType
 import pytest
 
 from amps_on_kafka.expr import compile_filter
-from amps_on_kafka.state.queue import COMPACT_SLACK
+from amps_on_kafka.state.queue_removal import COMPACT_SLACK
 from amps_on_kafka.state.queue_types import (
     EventKind,
     QueuePolicy,
