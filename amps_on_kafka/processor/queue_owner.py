@@ -6,7 +6,7 @@ member assigned partition 0 owns the queue and runs its QueueRuntime; when the p
 is revoked (a rebalance) it stops the runtime first, so the next owner starts from the
 store and events this one left. A member that dies without a word leaves the group after
 its session timeout, and the group gives partition 0 to another member, which rebuilds
-the queue from its own store or the recovery point and the events log (queue_runtime.py):
+the queue from its own store or the recovery point and the events log (queue_recovery.py):
 the leases the dead owner held are not stored, so their messages are back in the queue,
 and every ack it answered is in the events log, so none is delivered again.
 
@@ -38,7 +38,8 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from amps_on_kafka.log.kafka import admin_client, reader
-from amps_on_kafka.processor.queue_runtime import _ensure_events_topic, events_topic
+from amps_on_kafka.processor.queue_recovery import ensure_events_topic
+from amps_on_kafka.processor.queue_runtime import events_topic
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class QueueOwnership:
     def start(self) -> None:
         admin = admin_client(self.bootstrap)
         for name in self.queues:
-            _ensure_events_topic(admin, events_topic(name))
+            ensure_events_topic(admin, events_topic(name))
             self._consumers[name] = self._join(name)
         self._thread.start()
 

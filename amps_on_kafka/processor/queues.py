@@ -51,11 +51,8 @@ from amps_on_kafka.log.bookmarks import Position, parse_bookmark
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.queue_owner import QueueOwnership
-from amps_on_kafka.processor.queue_runtime import (
-    Done,
-    QueueRuntime,
-    now_ms,
-)
+from amps_on_kafka.processor.queue_recording import Done
+from amps_on_kafka.processor.queue_runtime import QueueRuntime, now_ms
 from amps_on_kafka.state.queue_types import (
     AckResult,
     Delivery,

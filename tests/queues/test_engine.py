@@ -21,7 +21,8 @@ from amps_on_kafka.errors import TransportError
 from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor import queue_runtime
-from amps_on_kafka.processor.queue_runtime import GROUP_PREFIX, events_topic
+from amps_on_kafka.processor.queue_recovery import GROUP_PREFIX
+from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.state.queue_types import EventKind
 from tests.conftest import create_topic, delete_topics
