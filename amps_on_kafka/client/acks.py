@@ -53,8 +53,7 @@ class AckBatcher:
 
     def add(self, topic: str, bookmark: str, option: str | None = None) -> None:
         """Queue one acknowledgement: none (processed), "cancel" or "expire"."""
-        if option not in OPTIONS:
-            raise ValueError(f"ack option must be cancel or expire, not {option!r}")
+        check_ack_option(option)
         with self._changed:
             self._pending.setdefault((topic, option), []).append(bookmark)
             self._count += 1
@@ -126,3 +125,9 @@ class AckBatcher:
                     log.warning("acks not sent: %s", exc)
                 finally:
                     self._changed.acquire()
+
+
+def check_ack_option(option: str | None) -> None:
+    """Checked by the client, so message.ack() and client.ack() refuse alike, before sending."""
+    if option not in OPTIONS:
+        raise ValueError(f"ack option must be cancel or expire, not {option!r}")

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from amps_on_kafka.client.acks import AckBatcher
+from amps_on_kafka.client.acks import AckBatcher, check_ack_option
 from amps_on_kafka.client.message import DeleteAck, GatewayMessage
 from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
 from amps_on_kafka.client.tls import TlsOptions, TlsSocket
@@ -269,6 +269,7 @@ class TcpTransport:
         timeout: float | None = COMMAND_TIMEOUT,
     ) -> GatewayMessage:
         """Acknowledge queue messages now; the processed ack comes once they are durable."""
+        check_ack_option(option)
         listed = bookmarks if isinstance(bookmarks, str) else ",".join(bookmarks)
         header: dict[str, Any] = {"c": "sow_delete", "t": topic, "bm": listed, "a": "processed"}
         _set(header, o=option)

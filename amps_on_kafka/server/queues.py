@@ -389,7 +389,9 @@ def _ack_option(header: dict[str, Any]) -> str | None:
     if not given:
         return None
     if len(given) > 1 or not given <= set(ACK_OPTIONS):
-        raise ProtocolError(f"sow_delete on a queue takes option cancel or expire, not {given}")
+        raise ProtocolError(
+            f"sow_delete on a queue takes option cancel or expire, not {','.join(sorted(given))}"
+        )
     return next(iter(given))
 
 

@@ -134,6 +134,8 @@ def test_client_ack_returns_once_durable_and_strict_leasing_refuses_others(
         [message] = take(stream, 1)
         with pytest.raises(ServerError, match="Leasing strict"):
             other.ack(served.queue, message.bookmark)
+        with pytest.raises(ValueError, match="ack option must be cancel or expire, not 'x'"):
+            holder.ack(served.queue, message.bookmark, "x")  # as message.ack("x"), unsent
         assert holder.ack(served.queue, [message.bookmark]).matches == 1
 
 
@@ -334,7 +336,7 @@ def test_the_worker_starts_and_stops_the_queue_engine(bootstrap, topic_factory, 
         ({"c": "sow", "f": "/n >"}, "position"),
         ({"c": "sow_delete", "f": "/n ="}, "position"),
         ({"c": "sow_delete", "bm": "not-a-bookmark"}, "not-a-bookmark"),
-        ({"c": "sow_delete", "bm": "QUEUE|0|0|", "o": "later"}, "later"),
+        ({"c": "sow_delete", "bm": "QUEUE|0|0|", "o": "later"}, "cancel or expire, not later"),
         ({"c": "sow_delete"}, "sow_delete"),
         ({"c": "sow_and_subscribe"}, "not supported on a queue"),
     ],
