@@ -46,6 +46,8 @@ from amps_on_kafka.log.codecs import avro_document
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.security.entitlements import Denied
+from amps_on_kafka.server.cluster import RESULTS
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.requests import Request, compiled_filter, count, number, sow_keys, text
 from amps_on_kafka.state.events import CommandResult
@@ -408,6 +410,17 @@ def _write(session: Session, pending: PendingWrite, topic: str, spec: TopicSpec)
         session.send(ack(header, "processed"))
 
 
+def _only_from_peers(session: Session, header: dict[str, Any]) -> None:
+    """Refuse RESULTS (a peer's question for its sow_delete's counts) from a session
+    that is not a peer gateway's, once peers log on as such (a PeerSecret): a user's
+    session could take another publisher's counts (the peer asking would wait them out)
+    and hold a watch per sequence it names for as long as it stays connected."""
+    identity = session.identity
+    from_peer = identity is not None and identity.method == "peer"
+    if RESULTS in header and session.gateway.peer_access.secret is not None and not from_peer:
+        raise Denied(f"{RESULTS!r} is for the gateways of one group only")
+
+
 async def sow_delete(session: Session, request: Request) -> None:
     """By filter `f`, by SOW keys `k`, or by the data in the payload.
 
@@ -418,6 +431,7 @@ async def sow_delete(session: Session, request: Request) -> None:
     topic = text(header, "t", required=True)
     session.gateway.engine.sow_config(topic)  # only this worker's SOW topics can be counted
     cluster = session.gateway.cluster
+    _only_from_peers(session, header)
     if cluster is not None and cluster.results_wanted(header):  # a peer counting its delete
         cluster.send_results(session, request)
         return

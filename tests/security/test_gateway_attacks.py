@@ -21,6 +21,7 @@ from amps_on_kafka.errors import ServerError, TransportError
 from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.security.policy import PeerAccess
+from amps_on_kafka.security.users import PEER_USER
 from amps_on_kafka.server.cluster import PeerLink
 from tests.security.gateway_fixtures import (
     FAILURE_DELAY,
@@ -122,9 +123,10 @@ def test_a_client_certificate_is_an_identity_and_a_foreign_one_is_refused(
 ) -> None:
     wire = secured.wire(cert="carol")
     try:
-        assert wire.request({"c": "logon", "cid": "1", "client_name": "c1"}).header[
-            "user_id"
-        ] == "carol"
+        assert (
+            wire.request({"c": "logon", "cid": "1", "client_name": "c1"}).header["user_id"]
+            == "carol"
+        )
     finally:
         wire.close()
     wire = secured.wire(cert="carol")
@@ -237,8 +239,13 @@ def test_a_replay_shows_only_entitled_records(secured: Secured) -> None:
         wire.logon_as("alice", "alice-replay", PASSWORDS["alice"])
         wire.send(
             {
-                "c": "subscribe", "t": secured.orders, "bm": "0", "sub_id": "r", "cid": "r",
-                "a": "completed", "f": f"/id LIKE '{marker}'",
+                "c": "subscribe",
+                "t": secured.orders,
+                "bm": "0",
+                "sub_id": "r",
+                "cid": "r",
+                "a": "completed",
+                "f": f"/id LIKE '{marker}'",
             }
         )
         frames = wire.until(lambda f: is_ack(f, "completed"))
@@ -257,8 +264,13 @@ def test_a_record_leaving_the_entitled_set_is_an_oof_with_reason_entitlement(
         wire.logon_as("alice", "alice-oof", PASSWORDS["alice"])
         wire.request(
             {
-                "c": "subscribe", "t": secured.orders, "sub_id": "s", "cid": "s",
-                "o": "oof", "a": "processed", "f": f"/id = '{record_id}'",
+                "c": "subscribe",
+                "t": secured.orders,
+                "sub_id": "s",
+                "cid": "s",
+                "o": "oof",
+                "a": "processed",
+                "f": f"/id = '{record_id}'",
             }
         )
         with Client("carol-oof") as carol:
@@ -292,6 +304,26 @@ def test_gateways_of_a_group_log_on_to_each_other_with_their_secret(secured: Sec
     with pytest.raises(ServerError, match="authentication required"):
         asyncio.run(peer_logon(None))
     time.sleep(1.0)  # MaxFailureDelay: the next module test starts unthrottled
+
+
+def test_only_a_peer_may_ask_for_a_sow_deletes_results(secured: Secured) -> None:
+    """`_results` (server/cluster.py) asks a gateway for another publisher's sow_delete
+    counts and holds a watch per sequence named: a user's session is refused it, a peer's
+    (logged on with the PeerSecret) is not."""
+    asked = {"p": "alice:victim", "s": list(range(1000))}
+    header = {"c": "sow_delete", "t": secured.orders, "cid": "r", "a": "processed"}
+    header["f"] = "/id = 'no such id'"  # alice may delete by filter only
+    alice, peer = secured.wire(), secured.wire()
+    try:
+        alice.logon_as("alice", "alice-results", PASSWORDS["alice"])
+        reason = _failure(alice.request({**header, "_results": asked}))
+        assert reason == "'_results' is for the gateways of one group only"
+        peer.logon_as(PEER_USER, f"_peer-{uuid.uuid4().hex}", PEER_SECRET)
+        reply = peer.request({**header, "_results": asked}).header
+        assert reply.get("reason") != reason, reply
+    finally:
+        alice.close()
+        peer.close()
 
 
 def _until_in_sow(client: Client, topic: str, ids: list[str], timeout: float = 30) -> None:
