@@ -12,6 +12,7 @@ from amps_on_kafka.errors import (
     FilterError,
     InvalidBookmark,
     MessageError,
+    PublishError,
     ServerError,
     UnknownTopic,
     WrongTransport,
@@ -109,6 +110,20 @@ def test_a_refusal_is_the_same_error_class_on_both_transports(uri, connect, topi
     with pytest.raises(InvalidBookmark, match="past the end of the log") as past:
         client.bookmark_subscribe(topic, f"{topic}|0|999|")
     assert isinstance(past.value, ServerError) == uri.startswith("tcp")
+
+
+def test_a_refused_publish_raises_at_publish_on_kafka_and_at_the_flush_on_tcp(uri, connect):
+    """As docs/subscribers.md says: the kafka:// client checks a publish itself; the
+    gateway's refusal of a tcp:// publish comes back at the next flush, with its reason."""
+    client = connect(uri)
+    reason = "topic 'no-such-topic-17' does not exist"
+    if uri.startswith("kafka"):
+        with pytest.raises(UnknownTopic, match=reason):
+            client.publish("no-such-topic-17", {"id": 1})
+    else:
+        client.publish("no-such-topic-17", {"id": 1})
+        with pytest.raises(PublishError, match=rf"topic 'no-such-topic-17' sequence \d+: {reason}"):
+            client.publish_flush(30)
 
 
 def test_a_kind_the_client_does_not_know_is_a_plain_server_error():
