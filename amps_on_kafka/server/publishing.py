@@ -33,7 +33,7 @@ import ctypes.util
 import itertools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -49,7 +49,15 @@ from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.security.entitlements import Denied
 from amps_on_kafka.server.cluster import RESULTS
 from amps_on_kafka.server.replies import ack
-from amps_on_kafka.server.requests import Request, compiled_filter, count, number, sow_keys, text
+from amps_on_kafka.server.requests import (
+    ProtocolError,
+    Request,
+    compiled_filter,
+    count,
+    number,
+    sow_keys,
+    text,
+)
 from amps_on_kafka.state.events import CommandResult
 
 if TYPE_CHECKING:
@@ -474,6 +482,7 @@ async def _flush(session: Session, request: Request) -> None:
 
 
 RECENT_RESULTS = 10_000  # results of records no command here waits for, kept for a peer
+MAX_WATCHED = 100_000  # results one connection may await at once (a peer's _results)
 
 
 @dataclass(eq=False)
@@ -516,6 +525,7 @@ class DeleteTracker:
         # (a result may come before the peer's request does).
         self._watched: dict[tuple[str, int], tuple[Session, Callable[[CommandResult], None]]]
         self._watched = {}
+        self._watching: Counter[Session] = Counter()  # per connection, bounded: MAX_WATCHED
         self._recent: dict[tuple[str, int], CommandResult] = {}
 
     def expect(
@@ -538,6 +548,7 @@ class DeleteTracker:
             if entry is not None:
                 entry.add(result)
             elif watcher is not None:
+                self._watching[watcher[0]] -= 1
                 watcher[1](result)
             else:
                 self._recent[key] = result
@@ -551,15 +562,27 @@ class DeleteTracker:
         sequences: list[int],
         deliver: Callable[[CommandResult], None],
     ) -> None:
-        """`deliver` each result of these records applied here, past or to come."""
+        """`deliver` each result of these records applied here, past or to come. What a
+        connection awaits is bounded (MAX_WATCHED): each costs memory until it comes or
+        the connection closes, and any client may ask when no PeerSecret is set."""
+        if self._watching[session] + len(sequences) > MAX_WATCHED:
+            raise ProtocolError(
+                f"{RESULTS!r} asks for {len(sequences)} results where this connection awaits "
+                f"{self._watching[session]}: at most {MAX_WATCHED:,} at once"
+            )
         for sequence in sequences:
             key = (publisher_id, sequence)
             result = self._recent.pop(key, None)
             if result is not None:
                 deliver(result)
             else:
+                replaced = self._watched.get(key)
+                if replaced is not None:
+                    self._watching[replaced[0]] -= 1
                 self._watched[key] = (session, deliver)
+                self._watching[session] += 1
 
     def forget(self, session: Session) -> None:
         self._waiting = {k: e for k, e in self._waiting.items() if e.session is not session}
         self._watched = {k: w for k, w in self._watched.items() if w[0] is not session}
+        self._watching.pop(session, None)

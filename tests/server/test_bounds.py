@@ -22,7 +22,10 @@ from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.protocol.frames import Frame, encode_frame
 from amps_on_kafka.server.gateway import Gateway
+from amps_on_kafka.server.publishing import MAX_WATCHED, DeleteTracker
+from amps_on_kafka.server.requests import ProtocolError
 from amps_on_kafka.server.session import Session
+from amps_on_kafka.state.events import CommandResult
 from tests.server.helpers import Wire, is_ack
 
 GatewayFactory = Callable[..., Gateway]
@@ -260,3 +263,22 @@ def _send_ignoring_timeout(wire: Wire, data: bytes) -> None:
     """The gateway stops reading a flooding client: its send blocks until replies are read."""
     wire.sock.settimeout(None)
     wire.sock.sendall(data)
+
+
+def test_results_a_connection_awaits_are_bounded() -> None:
+    """qa15: `_results` (a peer's question for a sow_delete's counts) held a watch per
+    sequence it named until the connection closed; without a PeerSecret any client may
+    send it, and five 3 MB requests grew a worker by 440 MiB. A connection may await at
+    most MAX_WATCHED results; what comes is delivered and frees its place."""
+    tracker = DeleteTracker()
+    greedy, other = object(), object()
+    delivered: list[int] = []
+    tracker.watch(greedy, "p", list(range(MAX_WATCHED)), lambda r: delivered.append(r.sequence))
+    with pytest.raises(ProtocolError, match=f"at most {MAX_WATCHED:,} at once"):
+        tracker.watch(greedy, "p", [MAX_WATCHED], delivered.append)
+    tracker.watch(other, "q", [1], delivered.append)  # another connection is not held back
+    tracker.apply([CommandResult("t", 0, 0, "sow_delete", "p", 0, None, deleted=1)])
+    assert delivered == [0]
+    tracker.watch(greedy, "p", [MAX_WATCHED], delivered.append)  # its place was freed
+    tracker.forget(greedy)
+    tracker.watch(greedy, "p", list(range(MAX_WATCHED)), delivered.append)  # all freed
