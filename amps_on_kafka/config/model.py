@@ -228,7 +228,7 @@ class AuthenticationConfig(_Strict):
     # FailureDelay, doubled per further failure, up to MaxFailureDelay.
     failure_delay: Seconds = Field(0.5, alias="FailureDelay", ge=0)
     max_failure_delay: Seconds = Field(30.0, alias="MaxFailureDelay", ge=0)
-    # What the gateways of one group log on to each other with (server/cluster.py); the
+    # What the gateways of one group log on to each other with (server/peers.py); the
     # same on every worker. ${env:NAME} and ${file:PATH} are resolved at load.
     peer_secret: SecretStr | None = Field(None, alias="PeerSecret")
 

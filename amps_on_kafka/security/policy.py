@@ -17,7 +17,7 @@ from amps_on_kafka.security.users import PEER_USER
 
 @dataclass(frozen=True)
 class PeerAccess:
-    """How a gateway reaches a peer's (server/cluster.py): over TLS when the gateways
+    """How a gateway reaches a peer's (server/peers.py): over TLS when the gateways
     serve TLS (verified against Gateway.TLS.CA, else the system's CAs; presenting its own
     certificate when client certificates are required), logged on with PeerSecret."""
 

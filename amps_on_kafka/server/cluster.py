@@ -20,6 +20,10 @@ worker dead and its partitions not yet taken over) fails with a reason starting
 subscription spread over workers ends with that failure when its plan no longer holds
 (a partition changed hands, a peer's connection dropped): the client subscribes again,
 and a sow_and_subscribe then starts from a fresh snapshot, with no gap and no duplicate.
+
+This module plans (Plan, Cluster) and answers sow, subscribe and sow_delete over the
+group; what is said to a peer, and the links it goes over, are server/peers.py, and a
+subscription spread over workers server/spread.py.
 """
 
 from __future__ import annotations
@@ -27,44 +31,43 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Awaitable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import orjson
-
-from amps_on_kafka.errors import AmpsError, PartitionsMoving, ServerError
-from amps_on_kafka.processor.engine import QueryResult, ordered
-from amps_on_kafka.protocol.frames import READ_SIZE, BadFrame, Frame, FrameDecoder, encode_frame
-from amps_on_kafka.server.fanout import Boundary
+from amps_on_kafka.errors import PartitionsMoving
+from amps_on_kafka.processor.engine import QueryResult
+from amps_on_kafka.server.peers import (
+    ANSWER_IDLE,
+    PeerLink,
+    PeerPool,
+    RemoteRecord,
+    forwarded,
+    merge,
+    parts_of,
+    refused,
+    remote_records,
+)
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.requests import MAX_BATCH, ProtocolError, Request
-from amps_on_kafka.server.subscriptions import ENTITLEMENT, MAX_HELD_CHANGES, SowSubscription
+from amps_on_kafka.server.spread import SpreadSubscription
+from amps_on_kafka.server.subscriptions import SowSubscription
 from amps_on_kafka.state.events import CommandResult
 
 if TYPE_CHECKING:
-    from amps_on_kafka.security.policy import PeerAccess
     from amps_on_kafka.server.gateway import Gateway
     from amps_on_kafka.server.membership import Membership
     from amps_on_kafka.server.publishing import _Delete
     from amps_on_kafka.server.queries import Query
     from amps_on_kafka.server.session import Session
 
-PARTS = "_parts"  # a forwarded command's partitions: answer for these, here, only
-CONNECT_TIMEOUT = 5.0  # seconds to reach a peer's gateway and log on
-ANSWER_IDLE = 30.0  # seconds a peer may stay silent while a snapshot is awaited
-FORWARDED_KEYS = ("t", "f", "orderby", "top_n", "o")
 LOCAL = ""  # the owner of a partition held here, in a plan
 RESULTS = "_results"  # a peer's sow_delete asks for its records' results: {p, s}
 RESULT = "_result"  # one of them, sent back
 RESULTS_WAIT = 60.0  # seconds a sow_delete waits for the peers' partitions to apply it
 PLAN_WAIT = 5.0  # seconds a query waits for a partition with no worker before retry:
-MAX_IDLE_LINKS = 4  # idle logged-on links kept per peer for forwarded queries (PeerPool)
-# A peer's frames: a sow batch is at most about 1 MiB of payload (queries.BATCH_BYTES)
-# beyond one record, and a record at most a publish frame (MaxFrameBytes).
-MAX_PEER_FRAME = 64 * 1024 * 1024
 T = TypeVar("T")
 
 
@@ -74,18 +77,6 @@ def reachable(address: str) -> str:
     if host in ("0.0.0.0", "::", "[::]", ""):
         host = socket.gethostname()
     return f"{host}:{port}"
-
-
-def parts_of(header: dict[str, Any]) -> list[int] | None:
-    """PARTS, checked: a list of partition numbers, or None for an ordinary command."""
-    value = header.get(PARTS)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(
-        isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in value
-    ):
-        raise ProtocolError(f"{PARTS!r} must be a list of partition numbers")
-    return value
 
 
 @dataclass(frozen=True)
@@ -382,230 +373,6 @@ class Cluster:
         changed.set_result(None)
 
 
-class SpreadSubscription:
-    """One client subscription fed by the local engine and a leg per peer."""
-
-    def __init__(
-        self, cluster: Cluster, session: Session, request: Request, local: SowSubscription
-    ) -> None:
-        self.cluster = cluster
-        self.session = session
-        self.request = request
-        self.local = local
-        self.sub_id = local.sub_id
-        self.closed = False
-        self.plan: Plan | None = None
-        self.legs: list[Leg] = []
-
-    async def open_legs(self, plan: Plan, command: str, **extra: Any) -> None:
-        """Ask each peer for its part; returns once each has answered (a processed ack,
-        or a snapshot's stats ack)."""
-        self.plan = plan
-        self.cluster.watch(self)
-        if self.local.entitlement is not None:  # for the peer's oof reasons
-            extra[ENTITLEMENT] = self.local.entitlement.text
-        for address, parts in plan.remote.items():
-            link = await PeerLink.open(address, self.cluster.gateway.peer_access)
-            leg = Leg(self, link)
-            self.legs.append(leg)
-            link.send(forwarded(self.request.header, command, parts, sub_id=self.sub_id, **extra))
-            leg.start()
-        await asyncio.gather(*(leg.answered for leg in self.legs))
-
-    async def snapshot_then_live(self, query: Query) -> None:
-        """sow_and_subscribe: each peer's snapshot and the local one (taken with its
-        Boundary), merged and sent as one; then every part goes live."""
-        from amps_on_kafka.server.queries import send_snapshot
-
-        gateway = self.cluster.gateway
-        plan = await self.cluster.plan(query.topic)
-        await self.open_legs(plan, "sow_and_subscribe", a="stats", bs=MAX_BATCH)
-        boundary = Boundary(gateway.fanout)
-        options = query.options()
-        local = await gateway.blocking(
-            lambda: boundary.query(query.topic, partitions=plan.local, **options)
-        )
-        answers = [local, *(leg.snapshot() for leg in self.legs)]
-        result = await gateway.blocking(merge, answers, query.order_by, query.top_n)
-        await send_snapshot(self.session, self.request, query, result)
-        self.local.raise_if_overflowed()
-        if not self.closed:
-            self.local.go_live(boundary.first)  # type: ignore[arg-type]
-            self.go_live_remote()
-
-    def go_live_remote(self) -> None:
-        for leg in self.legs:
-            leg.go_live()
-
-    def recheck(self) -> None:
-        """The plan must still hold: otherwise a partition may be missed or doubled."""
-        if self.closed or self.plan is None:
-            return
-        try:
-            now = self.cluster.current(self.plan.topic, len(self.plan.owners))
-        except PartitionsMoving as exc:
-            self.fail(exc.reason)
-            return
-        if now.owners != self.plan.owners:
-            self.fail(f"retry: partitions moving ({self.plan.topic} changed hands)")
-
-    def fail(self, reason: str) -> None:
-        """End the subscription with a failure ack: the client subscribes again."""
-        if self.closed:
-            return
-        self.session.fail(self.request.header, reason)  # its sub_id names the subscription
-        self.session.remove_subscription(self.sub_id)
-        self.close()
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.cluster.unwatch(self)
-        self.local.close()
-        for leg in self.legs:
-            leg.close()
-
-
-class Leg:
-    """A peer's part of a spread subscription: its snapshot, then its live changes,
-    relayed under the client's sub_id (held until the merged snapshot has gone)."""
-
-    def __init__(self, spread: SpreadSubscription, link: PeerLink) -> None:
-        self.spread = spread
-        self.link = link
-        self.records: list[RemoteRecord] = []
-        self.matches = 0
-        self.answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.held: list[tuple[dict, bytes]] | None = []
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def snapshot(self) -> QueryResult:
-        return QueryResult(self.records, self.matches)  # type: ignore[arg-type]
-
-    def go_live(self) -> None:
-        held, self.held = self.held or [], None
-        for header, payload in held:
-            self.spread.session.send(header, payload)
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self.link.close()
-        if not self.answered.done():
-            self.answered.cancel()
-
-    async def _run(self) -> None:
-        try:
-            while True:
-                idle = None if self.answered.done() else ANSWER_IDLE
-                self._on_frame(await self.link.receive(idle))
-        except AmpsError as exc:
-            if not self.answered.done():
-                self.answered.set_exception(exc)
-            else:
-                self.spread.fail(exc.reason)
-
-    def _on_frame(self, frame: Frame) -> None:
-        header, kind = frame.header, frame.header.get("c")
-        if kind in ("publish", "oof"):
-            header["sub_id"] = self.spread.sub_id
-            if self.held is None:
-                self.spread.session.send(header, frame.payload)
-            elif len(self.held) >= MAX_HELD_CHANGES:
-                raise PartitionsMoving(
-                    f"retry: more than {MAX_HELD_CHANGES:,} changes arrived while the "
-                    "snapshot was sent (a slow consumer); subscribe again"
-                )
-            else:
-                self.held.append((header, frame.payload))
-        elif kind == "sow":
-            self.records.extend(remote_records(header, frame.payload))
-        elif kind == "ack":
-            refused(header)
-            if header.get("a") == "stats":
-                self.matches = int(header.get("matches", len(self.records)))
-            if not self.answered.done():
-                self.answered.set_result(None)
-
-
-@dataclass(slots=True)
-class RemoteRecord:
-    """A SOW record as a peer sent it: what replies.sow_batch and ordering read."""
-
-    topic: str
-    partition: int
-    sow_key: str
-    payload: bytes
-    bookmark: str
-    timestamp: int
-    expiration: float | None
-    codec: None = None  # the payload is already in its wire form
-    _data: Any = field(default=None, repr=False)
-
-    @property
-    def data(self) -> Any:
-        if self._data is None:
-            with suppress(orjson.JSONDecodeError):
-                self._data = orjson.loads(self.payload)
-        return self._data
-
-
-def remote_records(header: dict[str, Any], payload: bytes) -> list[RemoteRecord]:
-    """The records of one `sow` frame (replies.sow_batch's layout)."""
-    records, start = [], 0
-    for meta in header.get("recs", ()):
-        end = start + int(meta["n"])
-        bookmark = str(meta["bm"])
-        partition = int(bookmark.split("|")[1])
-        records.append(
-            RemoteRecord(
-                header["t"],
-                partition,
-                meta["k"],
-                payload[start:end],
-                bookmark,
-                meta["ts"],
-                meta.get("e"),
-            )
-        )
-        start = end
-    return records
-
-
-def merge(answers: list[QueryResult], order_by: str | None, top_n: int | None) -> QueryResult:
-    """Parts of one query as the whole would have been answered (see the module doc)."""
-    records = sorted((r for answer in answers for r in answer.records), key=_partition)
-    if order_by:
-        records = ordered(records, order_by)
-    if top_n is not None:
-        records = records[:top_n]
-    return QueryResult(records, sum(answer.matches for answer in answers))
-
-
-def _partition(record: Any) -> int:
-    return record.partition
-
-
-def forwarded(header: dict[str, Any], command: str, parts: list[int], **extra: Any) -> dict:
-    """The command a peer is asked: the client's query, restricted to `parts`."""
-    kept = {key: header[key] for key in FORWARDED_KEYS if key in header}
-    return {"c": command, "cid": uuid.uuid4().hex[:12], **kept, PARTS: parts, **extra}
-
-
-def refused(header: dict[str, Any]) -> None:
-    """A peer's failure ack, raised as ours: PartitionsMoving keeps its "retry:"."""
-    if header.get("status") != "failure":
-        return
-    reason = str(header.get("reason", "a peer refused the command"))
-    if reason.startswith("retry:"):
-        raise PartitionsMoving(reason)
-    raise ServerError(reason)
-
-
 async def all_of(*work: Awaitable[T]) -> list[T]:
     """Every result, in order; the first failure cancels the rest (and is raised)."""
     tasks = [asyncio.ensure_future(w) for w in work]
@@ -614,97 +381,3 @@ async def all_of(*work: Awaitable[T]) -> list[T]:
     finally:
         for task in tasks:
             task.cancel()
-
-
-class PeerPool:
-    """Idle links to peers, logged on, reused by forwarded sow queries: a connection and
-    a logon for each one cost round trips (and a line in the peer's audit log). At most
-    MAX_IDLE_LINKS wait per peer; one whose peer went away fails its next query with
-    retry:, like a new connection to a dead peer would."""
-
-    def __init__(self, access: PeerAccess) -> None:
-        self.access = access
-        self._idle: dict[str, list[PeerLink]] = defaultdict(list)
-
-    async def take(self, address: str) -> PeerLink:
-        idle = self._idle[address]
-        while idle:
-            link = idle.pop()
-            if not link.writer.is_closing():
-                return link
-        return await PeerLink.open(address, self.access)
-
-    def give(self, link: PeerLink) -> None:
-        idle = self._idle[link.address]
-        if len(idle) < MAX_IDLE_LINKS and not link.frames and not link.writer.is_closing():
-            idle.append(link)
-        else:
-            link.close()
-
-    def close(self) -> None:
-        for links in self._idle.values():
-            for link in links:
-                link.close()
-        self._idle.clear()
-
-
-class PeerLink:
-    """One connection to a peer's gateway, logged on, for one forwarded command."""
-
-    def __init__(
-        self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        self.address = address
-        self.reader = reader
-        self.writer = writer
-        self.decoder = FrameDecoder(MAX_PEER_FRAME)
-        self.frames: deque[Frame] = deque()
-
-    @classmethod
-    async def open(cls, address: str, access: PeerAccess) -> PeerLink:
-        """Connected (over TLS when the gateways serve it) and logged on as a peer
-        (docs/security.md, Gateways of one group)."""
-        host, _, port = address.rpartition(":")
-        tls = {"ssl": access.context, "server_hostname": host} if access.context else {}
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, int(port), **tls), CONNECT_TIMEOUT
-            )
-        except (OSError, TimeoutError) as exc:
-            raise _unreachable(address, exc) from exc
-        link = cls(address, reader, writer)
-        name = f"_peer-{uuid.uuid4().hex}"
-        link.send({"c": "logon", "cid": "logon", "client_name": name, **access.credentials()})
-        try:
-            refused((await link.receive(CONNECT_TIMEOUT)).header)
-        except BaseException:
-            link.close()
-            raise
-        return link
-
-    def send(self, header: dict[str, Any]) -> None:
-        self.writer.write(encode_frame(header))
-
-    async def receive(self, timeout: float | None) -> Frame:
-        """The next frame; PartitionsMoving if the peer is gone or silent `timeout` s."""
-        while not self.frames:
-            try:
-                data = await asyncio.wait_for(self.reader.read(READ_SIZE), timeout)
-            except (OSError, TimeoutError) as exc:
-                raise _unreachable(self.address, exc) from exc
-            if not data:
-                raise _unreachable(self.address, "closed the connection")
-            for event in self.decoder.feed(data):
-                if isinstance(event, BadFrame):
-                    raise _unreachable(self.address, event.reason)
-                self.frames.append(event)
-        return self.frames.popleft()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def _unreachable(address: str, why: object) -> PartitionsMoving:
-    return PartitionsMoving(
-        f"retry: partitions moving (the worker at {address}: {why or 'timeout'})"
-    )

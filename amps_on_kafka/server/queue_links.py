@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from amps_on_kafka.errors import AmpsError, PartitionsMoving
 from amps_on_kafka.protocol.frames import encode_frame
-from amps_on_kafka.server.cluster import PeerLink
+from amps_on_kafka.server.peers import PeerLink
 from amps_on_kafka.server.requests import ProtocolError, Request
 from amps_on_kafka.server.subscriptions import subscription_id
 

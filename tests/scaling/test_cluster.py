@@ -1,5 +1,6 @@
-"""The pieces of a query spread over workers (server/cluster.py, server/membership.py),
-without Kafka: merging the parts, the directory of announcements, the PARTS header."""
+"""The pieces of a query spread over workers (server/cluster.py, server/peers.py,
+server/membership.py), without Kafka: merging the parts, the directory of announcements,
+the PARTS header."""
 
 from __future__ import annotations
 
@@ -18,15 +19,9 @@ from amps_on_kafka.errors import PartitionsMoving
 from amps_on_kafka.log.kafka import reader
 from amps_on_kafka.processor.engine import QueryResult, ordered
 from amps_on_kafka.security.policy import PeerAccess
-from amps_on_kafka.server.cluster import (
-    PARTS,
-    PeerPool,
-    RemoteRecord,
-    merge,
-    parts_of,
-    reachable,
-)
+from amps_on_kafka.server.cluster import reachable
 from amps_on_kafka.server.membership import Directory, Membership
+from amps_on_kafka.server.peers import PARTS, PeerPool, RemoteRecord, merge, parts_of
 from amps_on_kafka.server.requests import ProtocolError
 
 PARTITIONS = 4

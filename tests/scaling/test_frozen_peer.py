@@ -6,7 +6,7 @@ partitions to another worker.
 Two `amps-kafka worker` processes with standby copies share a two-partition SOW topic.
 One of them is frozen; a sow through the other is answered in full (or refused with
 retry:) once the group has moved the frozen worker's partitions, well before the 30 s a
-peer may stay silent (cluster.ANSWER_IDLE). About 10 s.
+peer may stay silent (peers.ANSWER_IDLE). About 10 s.
 """
 
 from __future__ import annotations
