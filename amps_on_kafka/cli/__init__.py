@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`)
 
 # Loading the sub-commands takes about a second on a busy machine (confluent-kafka,
 # pydantic, the filter compiler): Ctrl-C meanwhile ends the command as it would later,

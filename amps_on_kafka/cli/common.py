@@ -5,17 +5,18 @@ Kafka unreachable, an unknown topic, and any value that parses but is wrong (a b
 a filter, a payload); 2 only for what click itself refuses before the command runs (an
 unknown option, a missing argument, a value of the wrong type, out of range or not
 among the choices, options that exclude each other), after its `Usage:` text; 130
-interrupted by Ctrl-C (SIGINT).
+interrupted by Ctrl-C (SIGINT); 141, silently, when the reader of stdout went away.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import orjson
@@ -23,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from amps_on_kafka.broker import BOOTSTRAP_ENV, resolve_bootstrap
 from amps_on_kafka.broker.probe import require_answer
-from amps_on_kafka.cli import EXIT_INTERRUPTED
+from amps_on_kafka.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from amps_on_kafka.config.model import KafkaConfig
 from amps_on_kafka.config.properties import read_properties_file
 from amps_on_kafka.errors import AmpsError, ConfigError
@@ -145,10 +146,20 @@ def reports_errors(command: F) -> F:
             raise click.ClickException(exc.reason) from exc
         except KafkaException as exc:
             raise click.ClickException(f"Kafka: {_kafka_reason(exc)}") from exc
+        except BrokenPipeError:
+            _reader_gone()
         except OSError as exc:
             raise click.ClickException(_os_reason(exc)) from exc
 
     return run  # type: ignore[return-value]
+
+
+def _reader_gone() -> NoReturn:
+    """The reader of stdout closed it (`amps-kafka replay T | head`): end quietly, as a
+    Unix tool killed by SIGPIPE does, instead of "Error: Broken pipe". Python's own flush
+    of stdout at exit would raise again, so stdout goes to /dev/null first."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise click.exceptions.Exit(EXIT_BROKEN_PIPE)
 
 
 def _kafka_reason(exc: KafkaException) -> str:

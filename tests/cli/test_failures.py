@@ -402,6 +402,28 @@ def test_a_state_dir_that_is_a_file_is_one_line(bootstrap, tmp_path):
     assert f"can't use {tmp_path / 'state'} as a state directory" in one_error_line(stderr)
 
 
+def test_a_reader_that_goes_away_ends_the_output_quietly_with_exit_code_141(
+    bootstrap, topic_factory
+):
+    """`amps-kafka replay T | head -1` printed "Error: Broken pipe" and exited 1."""
+    topic = topic_factory(1)
+    lines = "".join(f'{{"n": {n}, "pad": "{"x" * 100}"}}\n' for n in range(2000))
+    subprocess.run(
+        [AMPS_KAFKA, "publish", topic], input=lines, text=True, env=_env(bootstrap), check=True
+    )
+    replay = subprocess.Popen(  # more than a pipe's buffer
+        [AMPS_KAFKA, "replay", topic, "--bookmark", "0"],
+        env=_env(bootstrap),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert replay.stdout is not None and replay.stdout.readline().startswith('{"bookmark"')
+    replay.stdout.close()
+    _, stderr = replay.communicate(timeout=60)
+    assert (replay.returncode, stderr) == (141, "")
+
+
 def test_ctrl_c_stops_the_worker_cleanly_with_exit_code_130(worker):
     running, _, _, _ = worker
     code, stderr = running.interrupt(signal.SIGINT)
@@ -531,9 +553,7 @@ def test_an_unknown_topic_is_one_line_for_every_command(bootstrap, args):
     ],
     ids=lambda value: value[0] if isinstance(value, tuple) else None,
 )
-def test_bad_arguments_are_one_line_with_the_documented_exit_code(
-    bootstrap, args, code, complaint
-):
+def test_bad_arguments_are_one_line_with_the_documented_exit_code(bootstrap, args, code, complaint):
     (port,) = free_ports(1)
     args = [arg.replace("{port}", str(port)) for arg in args]
     got, _, stderr, _ = amps_kafka(*args, bootstrap=bootstrap)
