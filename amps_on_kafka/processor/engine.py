@@ -237,6 +237,17 @@ class SowEngine:
             let_go(dropped)
         return QueryResult(Records(topic, rules.codec, rows), matches)
 
+    def look_up(self, topic: str, filter: Filter) -> QueryResult | None:
+        """query() of a filter that pins every Key path (a few point gets: microseconds),
+        or None while the worker holds the lock: the gateway's event loop asks, and must
+        not wait out a batch being applied (it takes the pool's query() then)."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            return self.query(topic, filter)
+        finally:
+            self.lock.release()
+
     def stream(self, topic: str, filter: Filter | None = None) -> Iterator[SowRecord]:
         """query() without order_by, top_n or listener, one record at a time as the
         sources are read: the same consistent moment (each source is a snapshot taken

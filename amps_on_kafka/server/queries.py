@@ -13,6 +13,7 @@ payload), `group_end`, then the `stats` and `completed` acks if asked for.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 DEFAULT_BATCH = 100
 BATCH_BYTES = 1024 * 1024
 STREAM_WRITE = 2000  # records a streamed answer reads ahead, and sends in one write, at most
+# `/path = 42` or `/path = 'text'`: a filter this small is parsed on the event loop
+KEY_FILTER = re.compile(r"\s*/[A-Za-z_][\w/]{0,100}\s*=\s*(?:-?\d{1,18}|'[^'\\]{0,200}')\s*")
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,38 @@ async def parse_query(session: Session, header: dict) -> Query:
 
 async def sow(session: Session, request: Request) -> None:
     started = time.perf_counter()
-    query = await parse_query(session, request.header)
-    session.spawn(_sow(session, request, query, started), request)
+    header = request.header
+    query = _short_query(session, header) or await parse_query(session, header)
+    result = _looked_up(session, query)
+    if result is None:
+        session.spawn(_sow(session, request, query, started), request)
+        return
+    await send_snapshot(session, request, query, result)
+    session.gateway.stats.query_latency.observe(time.perf_counter() - started)
+
+
+def _short_query(session: Session, header: dict) -> Query | None:
+    """Query.parse on the event loop for a filter of the form `/path = literal` (about
+    70 us of Python, bounded by KEY_FILTER), or None: a longer filter goes to the pool.
+    An entitlement filter ANDed in (Session._restrict) makes the text longer than this."""
+    text = header.get("f")
+    if not isinstance(text, str) or KEY_FILTER.fullmatch(text) is None:
+        return None
+    return Query.parse(session, header)
+
+
+def _looked_up(session: Session, query: Query) -> QueryResult | None:
+    """A `sow` of keys, answered on the event loop by point gets: no trip to the pool to
+    read them (the trips were most of a look-up's time, docs/performance.md). None for
+    any other query, across a cluster, or while the worker holds the engine."""
+    gateway, filter = session.gateway, query.filter
+    if filter is None or gateway.cluster is not None or query.parts is not None:
+        return None
+    if query.order_by is not None or query.top_n is not None:
+        return None
+    if filter.equalities(list(gateway.engine.sow_config(query.topic).key)) is None:
+        return None
+    return gateway.engine.look_up(query.topic, filter)
 
 
 async def _sow(session: Session, request: Request, query: Query, started: float) -> None:

@@ -87,6 +87,71 @@ def test_a_streamed_answer_reads_ahead_a_bounded_run_and_loses_nothing(
     assert (stats["a"], stats["matches"], stats["records_returned"]) == ("stats", 6, 6)
 
 
+def _answer(wire, topic: str, filter: str) -> tuple[list, dict]:
+    """A sow's records (metadata and payload, the `cid` aside) and its stats ack."""
+    wire.send({"c": "sow", "cid": "q", "t": topic, "f": filter, "a": "stats,completed"})
+    frames = wire.until(lambda f: is_ack(f, "completed"))
+    records = [(f.header["recs"], f.payload) for f in frames if f.header["c"] == "sow"]
+    stats = frames[-2].header
+    return records, {k: stats[k] for k in ("a", "matches", "records_returned")}
+
+
+class PoolTrips:
+    """Counts the work a gateway sends to its pool; `happened` is set at the first."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.happened = threading.Event()
+
+
+@pytest.fixture
+def pool_trips(served, monkeypatch) -> PoolTrips:
+    trips = PoolTrips()
+    blocking = served.gateway.blocking
+
+    async def counted(work, *args):
+        trips.count += 1
+        trips.happened.set()
+        return await blocking(work, *args)
+
+    monkeypatch.setattr(served.gateway, "blocking", counted)
+    return trips
+
+
+@pytest.mark.parametrize("key", [3, 99])
+def test_a_key_look_up_on_the_loop_answers_as_the_pools_query_does(
+    served, client, wire, pool_trips, key
+):
+    """`/id = N` is answered on the event loop (server/queries.py _looked_up); `/id IN (N)`
+    pins the same key but takes the pool: same records, same stats, and no pool trip."""
+    publish_applied(client, served.topic, [{"id": i, "qty": i * 10} for i in range(5)])
+    pool_trips.count = 0
+    fast = _answer(wire, served.topic, f"/id = {key}")
+    assert pool_trips.count == 0
+    general = _answer(wire, served.topic, f"/id IN ({key})")
+    assert pool_trips.count >= 1
+    assert fast == general
+    assert fast[1]["matches"] == (1 if key < 5 else 0)
+
+
+def test_a_key_look_up_while_the_worker_holds_the_engine_waits_on_the_pool(
+    served, client, wire, pool_trips
+):
+    """The loop never waits for the engine's lock: held (a batch being applied), the
+    look-up goes to the pool, which answers once the lock is let go."""
+    publish_applied(client, served.topic, [{"id": 1, "qty": 10}])
+    expected = _answer(wire, served.topic, "/id IN (1)")
+    pool_trips.count = 0
+    pool_trips.happened.clear()
+    with served.worker.engine.lock:
+        request = {"c": "sow", "cid": "q", "t": served.topic, "f": "/id = 1", "a": "stats"}
+        wire.send(request)
+        assert pool_trips.happened.wait(WAIT)
+    frames = wire.until(lambda f: is_ack(f, "stats"))
+    records = [(f.header["recs"], f.payload) for f in frames if f.header["c"] == "sow"]
+    assert pool_trips.count >= 1 and records == expected[0]
+
+
 def test_delta_publish_merges_into_the_record(served, client):
     publish_applied(client, served.topic, [{"id": 1, "a": 1, "b": 1}])
     with client.subscribe(served.topic, timeout=WAIT) as applied:
