@@ -54,17 +54,22 @@ def partition_owners(bootstrap: str, group: str, topic: str, count: int) -> dict
 
 
 def announced(bootstrap: str, group: str, found: Callable[[Directory], R | None]) -> R:
-    """What `found` makes of the group's membership directory once it is not None."""
+    """What `found` makes of the group's membership directory once it is not None,
+    asked once the directory is read to its end as of the call: an earlier announcement
+    (the owner before a hand-over) is not taken for the latest."""
     deadline = time.monotonic() + DEADLINE
     directory = Directory(group)
     consumer = reader(bootstrap)
-    consumer.assign([TopicPartition(WORKERS_TOPIC, 0, OFFSET_BEGINNING)])
+    start = TopicPartition(WORKERS_TOPIC, 0, OFFSET_BEGINNING)
+    end = consumer.get_watermark_offsets(start, timeout=10)[1]
+    consumer.assign([start])
     try:
         while True:
             for record in consumer.consume(500, timeout=0.2):
                 if record.error() is None:
                     directory.apply(record.key(), record.value(), record.offset())
-            if (answer := found(directory)) is not None:
+            read = consumer.position([start])[0].offset  # past gaps compaction left
+            if read >= end and (answer := found(directory)) is not None:
                 return answer
             assert time.monotonic() < deadline, f"not announced in {group}"
     finally:
