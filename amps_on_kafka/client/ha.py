@@ -41,7 +41,7 @@ from amps_on_kafka.client.publish_store import MemoryPublishStore, PublishStore,
 from amps_on_kafka.client.stream import Item, MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
-from amps_on_kafka.client.uri import shown
+from amps_on_kafka.client.uri import parse_uri, shown
 from amps_on_kafka.errors import AmpsError, TransportError
 from amps_on_kafka.log.message import Message
 from amps_on_kafka.log.publisher import FailedWrite, check_delete_target
@@ -126,6 +126,8 @@ class HAClient(ClientBase):
         """`flush_every`: after so many publishes the HA client waits for Kafka's
         acknowledgement itself (publish_flush), so the publish store stays small."""
         super().__init__()
+        for uri in uris:
+            parse_uri(uri)  # a malformed URI fails here, not on every try of a retry loop
         self.name = name
         self.chooser = chooser or RoundRobinChooser(uris)
         self.publish_store = MemoryPublishStore() if publish_store is None else publish_store
@@ -155,6 +157,7 @@ class HAClient(ClientBase):
         client properties to use for it. As with Client, nothing connects until logon()."""
         if not isinstance(self.chooser, RoundRobinChooser):
             raise TypeError("connect(uri) needs the RoundRobinChooser; yours names the servers")
+        parse_uri(uri)
         self.chooser.select(uri)
         self._kafka_configs[uri] = kafka_config
 

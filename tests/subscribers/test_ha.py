@@ -42,6 +42,14 @@ def test_round_robin_chooser_moves_to_the_next_uri_on_failure():
         RoundRobinChooser([]).current()  # HAClient(name) then connect(uri), as a Client
 
 
+def test_a_malformed_uri_is_refused_at_once_rather_than_retried_forever():
+    """An HA client given http://x logged a warning and retried it without end."""
+    with pytest.raises(TransportError, match="unknown scheme 'http'"):
+        HAClient("ha-bad-uri", ["http://x"])
+    with HAClient("ha-bad-uri-2") as ha, pytest.raises(TransportError, match="needs host:port"):
+        ha.connect("kafka://")
+
+
 def test_backoff_grows_exponentially_up_to_its_bound():
     delays = Backoff(initial=0.1, maximum=1.0, factor=3.0).delays()
     assert [round(next(delays), 3) for _ in range(5)] == [0.1, 0.3, 0.9, 1.0, 1.0]
