@@ -38,6 +38,9 @@ LAST_ACKS = ("completed", "stats", "processed")  # the last ack a command asked 
 
 
 def moving(names: list[str], why: str) -> PartitionsMoving:
+    """The retry: refusal of a queue command; `why` may be another retry: reason (a peer
+    link that could not open), which is not prefixed twice."""
+    why = why.removeprefix("retry: ")
     return PartitionsMoving(f"retry: queue moving ({', '.join(names)}: {why})")
 
 

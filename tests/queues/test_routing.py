@@ -16,6 +16,7 @@ from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.log.topics import create_from_config
 from amps_on_kafka.processor.queue_runtime import events_topic
+from amps_on_kafka.server.queue_links import moving
 from tests.conftest import create_topic, delete_topics
 from tests.queues.helpers import eventually
 
@@ -112,3 +113,13 @@ def _renamed(config: Config, prefix: str) -> Config:
 
 def _wait_depth(engine, queue: str, depth: int) -> None:
     eventually(engine, lambda: engine.runtimes[queue].state.depth >= depth, what=f"{queue} depth")
+
+
+def test_a_retry_reason_inside_a_queue_refusal_is_not_prefixed_twice() -> None:
+    """qa15 saw `retry: queue moving (q: retry: partitions moving (...))` when the link to
+    the owner could not open: one `retry:` says what the client does."""
+    reason = moving(["q"], "retry: partitions moving (the worker at h:1: refused)").reason
+    assert reason == "retry: queue moving (q: partitions moving (the worker at h:1: refused))"
+    assert moving(["q"], "no worker owns it now").reason == (
+        "retry: queue moving (q: no worker owns it now)"
+    )
