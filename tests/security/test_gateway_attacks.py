@@ -218,12 +218,16 @@ def test_entitled_users_work_over_tls_and_see_only_their_records(secured: Secure
         assert ids[0] in seen and ids[2] in seen and ids[1] not in seen
         own = {m.data["id"] for m in alice.sow(secured.orders, f"/id = '{ids[0]}'", timeout=10)}
         assert own == {ids[0]}  # her filter AND the entitlement filter
+        # a key look-up (served on the gateway's loop when unrestricted) of a rates record
+        assert not list(alice.sow(secured.orders, f"/id = '{ids[1]}'", timeout=10))
         with pytest.raises(ServerError, match="position"):  # her own filter's error
             list(alice.sow(secured.orders, "/id = = 1", timeout=10))
     with Client("bob-app") as bob:
         bob.connect(secured.uri("bob"))
         bob.logon(timeout=10)
         assert set(ids) <= {m.data["id"] for m in bob.sow(secured.orders, timeout=10)}
+        [rates] = bob.sow(secured.orders, f"/id = '{ids[1]}'", timeout=10)
+        assert rates.data["desk"] == "rates"
 
 
 def test_a_replay_shows_only_entitled_records(secured: Secured) -> None:
