@@ -37,6 +37,10 @@ class MessageError(AmpsError, ValueError):
     """A message payload or envelope is not valid for its topic."""
 
 
+class OptionError(AmpsError, ValueError):
+    """A subscription option is unknown, malformed, or can't be combined with another."""
+
+
 class TransportError(AmpsError, ConnectionError):
     """The transport to Kafka or to a gateway failed."""
 

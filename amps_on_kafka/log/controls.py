@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from amps_on_kafka.config import parse_duration
-from amps_on_kafka.errors import AmpsError, MessageError
+from amps_on_kafka.errors import MessageError, OptionError
 from amps_on_kafka.log.bookmarks import TP, Position, format_list
 from amps_on_kafka.log.envelope import H_PUBLISHER, H_SEQUENCE
 from amps_on_kafka.log.keys import KeyExtractor
@@ -44,10 +44,6 @@ MIN_TICK = 0.05  # seconds: how often a quiet conflated replay is reopened, at m
 # Keys a conflator holds at most: beyond, the oldest is delivered before its interval
 # ends. A gateway conflates for any client, so the interval must not decide its memory.
 MAX_CONFLATED = 100_000
-
-
-class OptionError(AmpsError, ValueError):
-    """A subscription option is unknown, malformed, or can't be combined with another."""
 
 
 # -- options --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from amps_on_kafka.errors import (
     FilterError,
     InvalidBookmark,
     MessageError,
+    OptionError,
     PublishError,
     ServerError,
     UnknownTopic,
@@ -82,6 +83,8 @@ def test_bad_arguments_raise_the_same_error_on_both_transports(uri, connect, top
         client.sow_delete(topic, "/id = 1", keys=["1"])
     with pytest.raises(MessageError, match=r"a list of keys, not a string: keys=\['123'\]"):
         client.sow_delete(topic, keys="123")  # deleted the keys '1', '2' and '3'
+    with pytest.raises(OptionError, match="rate 'fast'"):  # amps_on_kafka.errors, as documented
+        client.bookmark_subscribe(topic, "0", options="rate=fast", sub_id="after")
     with client.bookmark_subscribe(topic, "0", sub_id="after") as stream:  # sub_id free again
         assert stream.next(timeout=30) is COMPLETED
 
