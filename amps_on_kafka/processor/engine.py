@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from amps_on_kafka.config import Config, SowConfig
-from amps_on_kafka.errors import MessageError, PartitionsMoving, UnknownTopic
+from amps_on_kafka.errors import FilterError, MessageError, PartitionsMoving, UnknownTopic
 from amps_on_kafka.expr import Expression, Filter, compile_expression
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.keys import key_from_values
@@ -355,7 +355,12 @@ def order_terms(order_by: str) -> list[Term]:
         descending = len(words) > 1 and words[-1].upper() == "DESC"
         if len(words) > 1 and words[-1].upper() in ("ASC", "DESC"):
             words = words[:-1]
-        terms.append((compile_expression(" ".join(words)), descending))
+        try:
+            terms.append((compile_expression(" ".join(words)), descending))
+        except FilterError as exc:  # say it is the order_by, not a filter, that is wrong
+            raise FilterError(
+                f"order_by term {term!r}: {exc} (a term is an expression, then ASC or DESC)"
+            ) from exc
     return terms
 
 
