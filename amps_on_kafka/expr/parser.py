@@ -6,6 +6,7 @@ BEGINS/ENDS WITH), ``+ -``, ``* / %``, unary minus, primaries.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import cast
 
 from amps_on_kafka.errors import FilterError
@@ -46,8 +47,10 @@ def parse(text: object) -> n.Node:
     return _Parser(text).parse()
 
 
+@lru_cache(maxsize=256)
 def parse_path(text: str) -> tuple[str | int, ...]:
-    """The steps of a path such as ``/a/b[0]``, for callers that name key fields."""
+    """The steps of a path such as ``/a/b[0]``, for callers that name key fields. Cached:
+    a key look-up asks for its topic's Key paths each time (a parse was ~15 us of ~110)."""
     node = parse(text)
     if not isinstance(node, n.Path):
         raise FilterError(f"{text!r} is not a path such as /name or /a/b[0]")
