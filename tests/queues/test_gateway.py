@@ -68,8 +68,10 @@ def test_client_batches_acks_into_one_sow_delete(serve, clients, queue_config):
             message.ack()
         eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 0)
     records = event_records(served.engine, served.queue)
-    acks = [r for r in records if all(e.kind.value == "remove" for e in r)]
-    assert [len(r) for r in acks] == [3]  # one record, one sow_delete, three bookmarks
+    removes = [sum(e.kind.value == "remove" for e in r) for r in records]
+    # one record, one sow_delete, three bookmarks (the record may carry other events: a
+    # batch of the turn's changes; a CI run under load once found no all-remove record)
+    assert [n for n in removes if n] == [3], records
 
 
 def test_only_a_leased_queue_message_can_be_acked(serve, clients, queue_config):
