@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from amps_on_kafka.client import Client
 from amps_on_kafka.log.kafka import end_offsets
+from amps_on_kafka.processor.collections import freeze_long_lived
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.server.gateway import Gateway
 from bench.common import Result, bootstrap, documents, encoded_size, new_topic, report
@@ -37,6 +38,7 @@ def serve(servers: str, topic: str, state: str) -> tuple[Worker, Gateway]:
     run_until_caught_up(worker, topic, end_offsets(servers, topic))
     gateway = Gateway(worker.engine, servers, listen="127.0.0.1:0")
     gateway.start()
+    freeze_long_lived()  # as the worker command does once it serves
     return worker, gateway
 
 
