@@ -44,7 +44,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from amps_on_kafka.errors import AmpsError, PublishError
 from amps_on_kafka.log.codecs import avro_document
 from amps_on_kafka.log.envelope import Command
-from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.security.entitlements import Denied
 from amps_on_kafka.server.cluster import RESULTS
@@ -100,16 +100,19 @@ class DeliveryPump:
         if self._thread.is_alive():
             self._thread.join()
 
-    def report(self, handler: Outcome, error: PublishError | None, message: Message) -> None:
-        """On the pump's thread, from a delivery callback: run `handler` on the event loop
-        with Kafka's verdict."""
-        if error is not None:
-            error = PublishError(self.failure_reason(message.error()))
-        self._outcomes.append((handler, error))
-        if not self._posted:  # one loop wake-up per burst of reports
-            self._posted = True
-            with suppress(RuntimeError):  # the loop is closed: the gateway stopped
-                self._loop.call_soon_threadsafe(self._drain)
+    def callback(self, handler: Outcome) -> Persisted:
+        """An on_persisted callback that runs `handler` on the event loop."""
+
+        def persisted(error: PublishError | None, message: Message) -> None:
+            if error is not None:
+                error = PublishError(self.failure_reason(message.error()))
+            self._outcomes.append((handler, error))
+            if not self._posted:  # one loop wake-up per burst of reports
+                self._posted = True
+                with suppress(RuntimeError):  # the loop is closed: the gateway stopped
+                    self._loop.call_soon_threadsafe(self._drain)
+
+        return persisted
 
     def failure_reason(self, error: KafkaError) -> str:
         """What the publisher is told: a timeout says how long Kafka was given."""
@@ -231,12 +234,6 @@ class PendingWrite:
     remaining: int = 0
     error: PublishError | None = None
     started: float = field(default_factory=time.perf_counter)  # for the admin's latencies
-
-    def __call__(self, error: PublishError | None, message: Message) -> None:
-        """The on_persisted callback of its records (on the pump's thread). The command is
-        the callback, so producing a record builds no closure for it: those objects lived
-        until Kafka's report, and the collector walked them (docs/performance.md)."""
-        self.writes.pump.report(self.persisted, error, message)
 
     def persisted(self, error: PublishError | None) -> None:
         if error is not None and self.error is None:
@@ -410,7 +407,7 @@ def _write(session: Session, pending: PendingWrite, topic: str, spec: TopicSpec)
             command=Command.PUBLISH if header["c"] == "publish" else Command(header["c"]),
             sow_key=text(header, "k") if "k" in header else None,
             correlation_id=text(header, "x") if "x" in header else None,
-            on_persisted=pending,
+            on_persisted=writes.pump.callback(pending.persisted),
             sequence=count(header, "s"),
         )
     except BaseException:  # refused: free its share
@@ -460,7 +457,7 @@ async def sow_delete(session: Session, request: Request) -> None:
             keys=sow_keys(header),
             data=data,
             correlation_id=text(header, "x"),
-            on_persisted=pending,
+            on_persisted=writes.pump.callback(pending.persisted),
             sequence=count(header, "s"),
         )
     except BaseException:  # refused, or the session closed meanwhile: free its share
