@@ -6,8 +6,18 @@ import importlib
 import sys
 
 BENCHMARKS = [
-    "log", "filters", "sow", "gateway", "queues", "stores", "spark", "robustness", "fairness",
-    "admin", "scaling", "security",
+    "log",
+    "filters",
+    "sow",
+    "gateway",
+    "queues",
+    "stores",
+    "spark",
+    "robustness",
+    "fairness",
+    "admin",
+    "scaling",
+    "security",
 ]
 
 

@@ -48,7 +48,8 @@ def config(sow_topic: str, log_topic: str, work: Path, variant: str) -> Config:
     }
     if variant == "tls":
         section["Gateway"]["TLS"] = {
-            "Certificate": str(work / "gateway.pem"), "Key": str(work / "gateway.key")
+            "Certificate": str(work / "gateway.pem"),
+            "Key": str(work / "gateway.key"),
         }
     if variant == "entitled":
         section["Authentication"] = {"UsersFile": str(work / "users.txt")}
@@ -98,9 +99,10 @@ def run_variants(
     sow_topic, log_topic = topics
     best = {v: (float("inf"), float("inf")) for v in VARIANTS}
     spawn = multiprocessing.get_context("spawn")  # never fork a process holding RocksDB
-    with tempfile.TemporaryDirectory() as temporary, ProcessPoolExecutor(
-        max_workers=1, mp_context=spawn
-    ) as client:
+    with (
+        tempfile.TemporaryDirectory() as temporary,
+        ProcessPoolExecutor(max_workers=1, mp_context=spawn) as client,
+    ):
         work = Path(temporary)
         make_files(work)
         plain = config(sow_topic, log_topic, work, "plain")

@@ -160,6 +160,8 @@ def table(headers: list[str], rows: list[Sequence[Any]]) -> str:
         return "  (none)"
     cells = [headers, *([str(v) for v in row] for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-             for row in cells]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in cells
+    ]
     return "\n".join(line.rstrip() for line in lines)

@@ -112,7 +112,10 @@ def operated(bootstrap: str, tmp_path_factory) -> Iterator[Operated]:
     try:
         worker.wait_ready(60)
         gateway = Gateway(
-            worker.engine, bootstrap, listen="127.0.0.1:0", settings=config.gateway,
+            worker.engine,
+            bootstrap,
+            listen="127.0.0.1:0",
+            settings=config.gateway,
             queues=worker.queues,
         )
         gateway.start()

@@ -96,9 +96,7 @@ def test_replay_on_error_stop_ends_non_zero_at_the_first_bad_record(bootstrap, s
     assert f"record {spoiled}|0|1| does not decode: payload is not valid JSON" in result.stderr
 
 
-def test_replay_with_conflation_gets_past_a_record_whose_headers_do_not_decode(
-    bootstrap, spoiled
-):
+def test_replay_with_conflation_gets_past_a_record_whose_headers_do_not_decode(bootstrap, spoiled):
     """The conflator reads each record's key from its headers: an unreadable header used
     to end the conflated replay; the record now passes unconflated and is printed raw."""
     result = cli(bootstrap, spoiled, "--conflate", "5s")

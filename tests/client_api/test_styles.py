@@ -104,7 +104,6 @@ def test_asyncio_publishes_streams_and_waits_bounded(uri, topic_factory):
     assert asyncio.run(run()) == [{"n": 0}, {"n": 1}, {"n": 2}, None, {"n": 3}]
 
 
-
 def test_asyncio_handlers_may_be_coroutines_and_survive_their_exceptions(
     uri, topic_factory, caplog
 ):

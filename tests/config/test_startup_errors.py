@@ -30,8 +30,10 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # tmp_path: one file, rewritten each time

@@ -1,6 +1,5 @@
 """Fixtures for the log tests: reading a topic back (`client` is in tests/conftest.py)."""
 
-
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from amps_on_kafka.log.kafka import consume_available, end_offsets, reader

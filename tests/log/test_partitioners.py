@@ -41,8 +41,8 @@ def test_every_partitioner_is_checked_against_librdkafka_and_can_be_configured()
         TopicSpec,
         name=st.from_regex(r"[a-z][a-z0-9._-]{0,20}", fullmatch=True),
         partitions=st.integers(1, 10_000),
-        key=st.none() | st.lists(st.from_regex(r"/[a-z]{1,5}", fullmatch=True), min_size=1)
-        .map(tuple),
+        key=st.none()
+        | st.lists(st.from_regex(r"/[a-z]{1,5}", fullmatch=True), min_size=1).map(tuple),
         key_from_publish=st.booleans(),
         partitioner=st.sampled_from(PARTITIONERS),
         repartition=st.booleans(),

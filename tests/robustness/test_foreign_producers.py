@@ -233,8 +233,15 @@ def test_a_repartitioner_killed_mid_stream_neither_loses_nor_doubles_a_record(
     doc = {**repartitioned_doc(topic), "Worker": {"InstanceId": group}}
     config_file.write_text(yaml.safe_dump(doc))
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.sow.worker_process", str(config_file), bootstrap,
-         str(tmp_path / "state"), group],
+        [
+            sys.executable,
+            "-m",
+            "tests.sow.worker_process",
+            str(config_file),
+            bootstrap,
+            str(tmp_path / "state"),
+            group,
+        ],
         cwd=Path(__file__).resolve().parents[2],
         stdout=subprocess.PIPE,
         text=True,
@@ -289,8 +296,11 @@ commands = st.one_of(
     st.just([("c", b"sow_delete")]),
     st.builds(
         lambda target: [("c", b"sow_delete"), ("f", b"/id > 1"), *target],
-        st.just([]) | st.builds(lambda n: [("rp", n)], st.binary(max_size=3)
-                                | st.integers(-2, 9).map(lambda n: str(n).encode())),
+        st.just([])
+        | st.builds(
+            lambda n: [("rp", n)],
+            st.binary(max_size=3) | st.integers(-2, 9).map(lambda n: str(n).encode()),
+        ),
     ),
     st.builds(
         lambda keys: [("c", b"sow_delete"), ("ks", orjson.dumps(keys))],
@@ -301,8 +311,13 @@ commands = st.one_of(
 )
 records = st.builds(
     lambda value, headers, key, where: Message(
-        topic="src", partition=where[0], offset=where[1], key=key, value=value,
-        headers=headers or None, timestamp=(TIMESTAMP_LOG_APPEND_TIME, 1_700_000_000_000),
+        topic="src",
+        partition=where[0],
+        offset=where[1],
+        key=key,
+        value=value,
+        headers=headers or None,
+        timestamp=(TIMESTAMP_LOG_APPEND_TIME, 1_700_000_000_000),
     ),
     payloads,
     commands,

@@ -168,12 +168,20 @@ def test_entitlements_add_up_over_roles_regexes_and_filters() -> None:
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"Gateway": {"TLS": {"Certificate": "c", "Key": "k", "RequireClientCertificate": True}}},
-         "RequireClientCertificate needs CA"),
+        (
+            {
+                "Gateway": {
+                    "TLS": {"Certificate": "c", "Key": "k", "RequireClientCertificate": True}
+                }
+            },
+            "RequireClientCertificate needs CA",
+        ),
         ({"Entitlements": {"Users": {"a": {"Roles": ["nope"]}}}}, "unknown role"),
         ({"Entitlements": {"Users": {"a": {"Read": ["(?=x)"]}}}}, "neither a topic name"),
-        ({"Entitlements": {"Users": {"a": {"Read": [{"Topic": "t", "Filter": "/a = = 1"}]}}}},
-         "position"),
+        (
+            {"Entitlements": {"Users": {"a": {"Read": [{"Topic": "t", "Filter": "/a = = 1"}]}}}},
+            "position",
+        ),
         ({"Entitlements": {"Roles": {"r": {"Roles": ["r"]}}}}, "can't have Roles"),
         ({"Authentication": {"Anonymus": True}}, "Anonymus"),
     ],
@@ -202,8 +210,9 @@ def test_security_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
 def test_users_cli_takes_passwords_from_stdin_never_from_argv(tmp_path: Path) -> None:
     path = str(tmp_path / "users.txt")
     runner = CliRunner()
-    added = runner.invoke(main, ["users", "add", "alice", "--file", path, "--password-stdin"],
-                          input="s3cret\n")
+    added = runner.invoke(
+        main, ["users", "add", "alice", "--file", path, "--password-stdin"], input="s3cret\n"
+    )
     assert added.exit_code == 0, added.output
     assert UsersFile(Path(path)).verify("alice", "s3cret")
     prompted = runner.invoke(main, ["users", "add", "bob", "--file", path], input="pw\npw\n")
@@ -230,11 +239,14 @@ def test_tcps_uris_carry_tls_files_and_credentials() -> None:
             parse_uri(bad)
 
 
-@given(st.text(alphabet=st.characters(blacklist_characters="@/?#%:[]", codec="ascii"),
-               min_size=3))
+@given(st.text(alphabet=st.characters(blacklist_characters="@/?#%:[]", codec="ascii"), min_size=3))
 def test_no_uri_error_shows_the_password(password: str) -> None:
-    for uri in (f"tcps://u:{password}@h/amps/json", f"tcps://u:{password}@h:1/bad",
-                f"tcps://u:{password}@h:1/amps/json?x=1", f"tcp://u:{password}@h:1/amps/j,"):
+    for uri in (
+        f"tcps://u:{password}@h/amps/json",
+        f"tcps://u:{password}@h:1/bad",
+        f"tcps://u:{password}@h:1/amps/json?x=1",
+        f"tcp://u:{password}@h:1/amps/j,",
+    ):
         try:
             parse_uri(uri)
         except TransportError as exc:

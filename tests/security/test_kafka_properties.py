@@ -136,9 +136,7 @@ _names = st.text(string.ascii_lowercase, min_size=1, max_size=8)
 _keys = st.lists(_names, min_size=1, max_size=4).map(".".join)
 _values = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1
-).filter(
-    lambda v: "${" not in v
-)
+).filter(lambda v: "${" not in v)
 
 
 @given(st.dictionaries(_keys, _values, max_size=6), _values)

@@ -320,7 +320,7 @@ def test_defect_9_a_zero_byte_before_the_last_record_is_damage_not_a_torn_tail(t
 def test_a_file_of_the_first_format_without_checksums_is_still_read(tmp_path):
     path = tmp_path / "bookmarks.log"
     path.write_bytes(
-        b"AMPS-KAFKA BOOKMARKS 1\nS 2 \"s\"\nT 3 2 0 orders\nl 3 0\nl 3 1\nx 3 2\nd 3 0\n"
+        b'AMPS-KAFKA BOOKMARKS 1\nS 2 "s"\nT 3 2 0 orders\nl 3 0\nl 3 1\nx 3 2\nd 3 0\n'
     )
     with LoggedBookmarkStore(path) as store:
         assert store.get_most_recent("s") == "orders|0|0|"

@@ -108,9 +108,7 @@ def test_conflation_releases_a_held_message_in_a_quiet_log_alike(subscriber, cli
 
 
 @pytest.mark.parametrize("option", ["live", "fully_durable"])
-def test_durability_options_are_accepted_alike_and_deliver_the_same(
-    subscriber, published, option
-):
+def test_durability_options_are_accepted_alike_and_deliver_the_same(subscriber, published, option):
     """Both read the log up to Kafka's high watermark, so the messages are the same."""
     topic = published(6)
     assert rows(replayed(subscriber, topic, option)) == rows(replayed(subscriber, topic))

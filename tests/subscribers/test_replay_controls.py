@@ -357,13 +357,11 @@ def test_a_conflator_holds_at_most_max_held_keys():
     (still conflated up to then, with its first bookmark), none lost."""
     keys = [b"a", b"a", b"b", b"c", b"d"]
     messages = [
-        LogMessage("t", 0, n, 0, b'{"n": %d}' % n, [("k", key)], JSON)
-        for n, key in enumerate(keys)
+        LogMessage("t", 0, n, 0, b'{"n": %d}' % n, [("k", key)], JSON) for n, key in enumerate(keys)
     ]
     delivered = list(Conflator(3600, max_held=2).conflated(iter([*messages, COMPLETED])))
     assert [(m.offset, m.data["n"]) for m in delivered[:-1]] == [(0, 1), (2, 2), (3, 3), (4, 4)]
     assert delivered[-1] is COMPLETED
-
 
     def three_keys_then_nothing():
         yield from messages[:4]  # keys a, a, b, c
