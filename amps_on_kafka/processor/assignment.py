@@ -295,6 +295,8 @@ class Assignment:
         closed = []
         for tp in partitions:
             self._held.pop((tp.topic, tp.partition), None)
+            # where the consumer was counts for this assignment only (Worker._next_offset)
+            self._reached.pop((self._logical[tp.topic], tp.partition), None)
             store = self.engine.detach(self._logical[tp.topic], tp.partition)
             if store is not None:
                 closed.append(store)
