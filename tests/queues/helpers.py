@@ -111,8 +111,10 @@ def eventually(
 def event_records(engine: QueueEngine, queue: str) -> list[list[QueueEvent]]:
     """Every record of a queue's events topic, decoded, once every event the engine has
     recorded so far is durable in Kafka."""
-    with engine.lock:
-        durable = engine.runtimes[queue].finish(None, None)
+    with engine.lock:  # what the state holds but has not handed to Kafka yet goes first
+        runtime = engine.runtimes[queue]
+        runtime.flush()
+        durable = runtime.finish(None, None)
     durable.result(20)
     consumer = reader(engine.bootstrap, **{"isolation.level": "read_committed"})
     where = TopicPartition(events_topic(queue), 0)

@@ -125,8 +125,11 @@ def test_a_key_look_up_on_the_loop_answers_as_the_pools_query_does(
     """`/id = N` is answered on the event loop (server/queries.py _looked_up); `/id IN (N)`
     pins the same key but takes the pool: same records, same stats, and no pool trip."""
     publish_applied(client, served.topic, [{"id": i, "qty": i * 10} for i in range(5)])
-    pool_trips.count = 0
-    fast = _answer(wire, served.topic, f"/id = {key}")
+    for _ in range(20):  # the worker holding the engine's lock sends it to the pool (below)
+        pool_trips.count = 0
+        fast = _answer(wire, served.topic, f"/id = {key}")
+        if pool_trips.count == 0:
+            break
     assert pool_trips.count == 0
     general = _answer(wire, served.topic, f"/id IN ({key})")
     assert pool_trips.count >= 1
