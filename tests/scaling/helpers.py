@@ -8,8 +8,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
@@ -34,6 +36,19 @@ def session_timeout(bootstrap: str) -> float:
     resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
     configs = admin.describe_configs([resource])[resource].result(10)
     return max(SESSION_TIMEOUT, int(configs["group.min.session.timeout.ms"].value) / 1000)
+
+
+def queue_config(path: Path, queue: str, bootstrap: str) -> Path:
+    """A config serving only `queue` (over a one-partition topic of that name, 60 s
+    leases), anonymous logons, the least session timeout the broker allows."""
+    config = {
+        "Topics": [{"Name": queue, "Partitions": 1}],
+        "Queues": [{"Name": queue, "LeasePeriod": "60s"}],
+        "Worker": {"SessionTimeout": session_timeout(bootstrap)},
+        "Authentication": {"Anonymous": True},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def owner_of(bootstrap: str, group: str, queue: str) -> str:

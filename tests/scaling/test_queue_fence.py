@@ -19,13 +19,19 @@ import time
 import uuid
 
 import pytest
-import yaml
 
 from amps_on_kafka.client import Client
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.processor.queue_runtime import events_topic
 from tests.conftest import delete_topics
-from tests.scaling.helpers import DEADLINE, Consumer, owner_of, publish, retried, session_timeout
+from tests.scaling.helpers import (
+    DEADLINE,
+    Consumer,
+    owner_of,
+    publish,
+    queue_config,
+    retried,
+)
 from tests.scaling.workers import WorkerProcess
 
 BEFORE = 3  # published before the freeze: taken by the owner's client, one acked
@@ -43,17 +49,7 @@ def test_a_frozen_owner_resumes_fenced_and_neither_delivers_nor_takes_acks(
     bootstrap, topic_factory, tmp_path
 ):
     queue = topic_factory(1)
-    config = tmp_path / "queue.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "Topics": [{"Name": queue, "Partitions": 1}],
-                "Queues": [{"Name": queue, "LeasePeriod": "60s"}],
-                "Worker": {"SessionTimeout": session_timeout(bootstrap)},
-                "Authentication": {"Anonymous": True},
-            }
-        )
-    )
+    config = queue_config(tmp_path / "queue.yaml", queue, bootstrap)
     group = f"fence-{uuid.uuid4().hex[:8]}"
     workers = [WorkerProcess(f"w{i}", config, bootstrap, group, tmp_path) for i in range(2)]
     direct = Client(f"direct-{uuid.uuid4().hex[:6]}")

@@ -19,11 +19,16 @@ from __future__ import annotations
 import uuid
 
 import pytest
-import yaml
 
 from amps_on_kafka.processor.queue_runtime import events_topic
 from tests.conftest import delete_topics
-from tests.scaling.helpers import Consumer, owner_of, publish, retried, session_timeout
+from tests.scaling.helpers import (
+    Consumer,
+    owner_of,
+    publish,
+    queue_config,
+    retried,
+)
 from tests.scaling.workers import WorkerProcess
 
 MESSAGES = 40
@@ -36,17 +41,7 @@ def test_a_queue_fails_over_to_another_worker_losing_nothing_and_redelivering_no
     bootstrap, topic_factory, tmp_path
 ):
     queue = topic_factory(1)
-    config = tmp_path / "queue.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "Topics": [{"Name": queue, "Partitions": 1}],
-                "Queues": [{"Name": queue, "LeasePeriod": "60s"}],
-                "Worker": {"SessionTimeout": session_timeout(bootstrap)},
-                "Authentication": {"Anonymous": True},
-            }
-        )
-    )
+    config = queue_config(tmp_path / "queue.yaml", queue, bootstrap)
     group = f"queues-{uuid.uuid4().hex[:8]}"
     workers = {
         f"w{i}": WorkerProcess(f"w{i}", config, bootstrap, group, tmp_path) for i in range(3)
