@@ -17,7 +17,7 @@ from amps_on_kafka.cli.common import (
     reports_errors,
 )
 from amps_on_kafka.cli.log import topic_configs
-from amps_on_kafka.config import check_topic_name, load_config
+from amps_on_kafka.config import check_key_path, check_topic_name, load_config
 from amps_on_kafka.errors import ConfigError, TransportError, UnknownTopic
 from amps_on_kafka.log.kafka import METADATA_TIMEOUT, admin_client, partitions_of, topic_names
 from amps_on_kafka.log.keys import PARTITIONERS
@@ -70,6 +70,8 @@ def create(name, partitions, keys, message_type, partitioner, config_file, boots
     else:
         try:
             check_topic_name(name)
+            for path in keys:
+                check_key_path(path)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         servers = kafka(bootstrap)

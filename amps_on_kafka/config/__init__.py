@@ -10,6 +10,7 @@ from amps_on_kafka.config.model import (
     QueueConfig,
     SowConfig,
     TopicConfig,
+    check_key_path,
     check_listen,
     check_topic_name,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "QueueConfig",
     "SowConfig",
     "TopicConfig",
+    "check_key_path",
     "check_listen",
     "check_topic_name",
     "load_config",

@@ -46,6 +46,14 @@ def check_topic_name(name: str) -> str:
     return name
 
 
+def check_key_path(path: object) -> str:
+    """A SOW Key path as every entry point takes it (the config, `topics create --key`):
+    one registered as `id` would give every record the same missing key."""
+    if not isinstance(path, str) or not re.fullmatch(r"(/[^/\s]+)+", path):
+        raise ValueError(f"Key path {path!r} must look like /field or /a/b")
+    return path
+
+
 class _Strict(BaseModel):
     # hide_input_in_errors: a ValidationError's text would quote its input, and a
     # configuration's input may be a password (Kafka.Properties).
@@ -121,8 +129,7 @@ class SowConfig(_Strict):
         if not paths:
             raise ValueError("Key needs at least one path such as /id")
         for path in paths:
-            if not isinstance(path, str) or not re.fullmatch(r"(/[^/\s]+)+", path):
-                raise ValueError(f"Key path {path!r} must look like /field or /a/b")
+            check_key_path(path)
         return paths
 
 

@@ -42,6 +42,17 @@ def test_a_rerun_with_another_spec_is_refused_showing_both(run, name, bootstrap)
     assert (entry.partitions, entry.key) == (4, ("/id",))
 
 
+@pytest.mark.parametrize("path", ["id", "[/id]", "/a b", "/id/", ""])
+def test_a_key_path_the_config_would_refuse_is_refused_before_anything_is_made(
+    run, name, bootstrap, path
+):
+    """`--key id` was registered as is: every record then lacked its key field."""
+    refused = run("topics", "create", name, "--key", path)
+    assert refused.exit_code == 1
+    assert f"Key path {path!r} must look like /field or /a/b" in refused.output
+    assert name not in TopicRegistry(bootstrap).entries()
+
+
 def test_a_config_naming_a_topic_with_another_partitioner_is_refused(run, name, tmp_path):
     assert run("topics", "create", name, "-p", "2", "--key", "/id").exit_code == 0
     config = tmp_path / "c.yaml"
