@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -19,7 +20,13 @@ from amps_on_kafka.cli.common import (
 from amps_on_kafka.cli.log import topic_configs
 from amps_on_kafka.config import check_key_path, check_topic_name, load_config
 from amps_on_kafka.errors import ConfigError, TransportError, UnknownTopic
-from amps_on_kafka.log.kafka import METADATA_TIMEOUT, admin_client, partitions_of, topic_names
+from amps_on_kafka.log.kafka import (
+    METADATA_TIMEOUT,
+    admin_client,
+    partitions_matching,
+    partitions_of,
+    topic_names,
+)
 from amps_on_kafka.log.keys import PARTITIONERS
 from amps_on_kafka.log.registry import REGISTRY_TOPIC, TopicRegistry, TopicSpec
 from amps_on_kafka.log.topics import create_from_config, create_log_topics, repartition_topic
@@ -95,8 +102,10 @@ def create(name, partitions, keys, message_type, partitioner, config_file, boots
 @reports_errors
 def list_(bootstrap, output) -> None:
     """List log topics with their partition counts."""
-    admin = admin_client(kafka(bootstrap))
-    counts = {name: len(partitions_of(admin, name)) for name in topic_names(admin)}
+    # one metadata request for every topic: asking per topic after listing them failed
+    # the whole command when one was deleted in between
+    listed = partitions_matching(admin_client(kafka(bootstrap)), lambda _: True)
+    counts = Counter(name for name, _ in listed)
     if output == "json":
         echo_json([{"name": name, "partitions": count} for name, count in counts.items()])
         return

@@ -4,12 +4,14 @@ sow-delete and ping, against the real broker and a real worker's gateway."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import uuid
 
 import orjson
 import pytest
 from click.testing import CliRunner
+from confluent_kafka.admin import NewTopic
 
 from amps_on_kafka.cli import main
 from amps_on_kafka.log.kafka import admin_client, topic_names
@@ -48,6 +50,25 @@ def test_describe_shows_the_registered_spec_beside_kafkas_view(run, name):
     assert doc["kafka"]["replication_factor"] == 1
     listed = _json(run("topics", "list", "--format", "json"))
     assert {"name": name, "partitions": 2} in listed
+
+
+def test_topics_list_while_topics_are_being_deleted(run, bootstrap):
+    """Other operators delete topics while one lists them (a shared broker): the list
+    asked Kafka about each topic after listing them all, and a topic deleted in between
+    failed the whole command with 'topic ... does not exist'."""
+    names = [f"cli-admin-going-{uuid.uuid4().hex[:8]}" for _ in range(30)]
+    admin = admin_client(bootstrap)
+    for future in admin.create_topics([NewTopic(n, 1, 1) for n in names]).values():
+        future.result(30)
+    deleting = threading.Thread(target=lambda: [delete_topics(bootstrap, [n]) for n in names])
+    deleting.start()
+    try:
+        outcomes = [run("topics", "list") for _ in range(20) if deleting.is_alive()]
+    finally:
+        deleting.join()
+    assert outcomes, "the topics were deleted before the first list"
+    failed = [o.output for o in outcomes if o.exit_code != 0]
+    assert not failed, failed
 
 
 def test_describe_of_an_unknown_topic_is_an_error(run, name):
