@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.client import Client
 from amps_on_kafka.client.command import Command
+from amps_on_kafka.client.kafka_transport import KafkaConfigSource
 from amps_on_kafka.client.message import DeleteAck
 from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream, check_timeout
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
@@ -171,9 +172,9 @@ class AsyncClient:
         return wrapped
 
     # -- connection ----------------------------------------------------------------------
-    async def connect(self, uri: str) -> None:
-        """Client.connect."""
-        await self._run(self.client.connect, uri)
+    async def connect(self, uri: str, *, kafka_config: KafkaConfigSource = None) -> None:
+        """Client.connect: `kafka_config` carries a secured Kafka's properties (kafka://)."""
+        await self._run(self.client.connect, uri, kafka_config=kafka_config)
 
     async def logon(self, timeout: float | None = None) -> None:
         """Client.logon."""
@@ -330,16 +331,20 @@ class AsyncClient:
 
     async def execute(self, command: Command) -> Any:
         """Client.execute; a command with a stream gives an AsyncStream."""
-        result = await self._run(self.client.execute, command)
+        return await self._execute(command, handled=False)
+
+    async def _execute(self, command: Command, *, handled: bool) -> Any:
+        result = await self._run(self.client._execute, command, handled=handled)
         return self._wrap(result) if isinstance(result, MessageStream) else result
 
     async def execute_async(self, command: Command, handler: Callable[[Message], object]) -> str:
         """Client.execute_async for asyncio: `handler`, a function or an `async def`, runs on
         the event loop, one message at a time in order (a coroutine is awaited before the
         next message). Returns the command id (the sub_id of a subscription), which
-        unsubscribe() takes to stop it. A handler that raises is logged and delivery goes
-        on. A command without a stream runs now and hands the handler its ack, if any."""
-        result = await self.execute(command)
+        unsubscribe() takes to stop it. A query (sow) delivers group_begin, the records,
+        then group_end. A handler that raises is logged and delivery goes on. A command
+        without a stream runs now and hands the handler its ack, if any."""
+        result = await self._execute(command, handled=True)
         if not isinstance(result, AsyncStream):
             if isinstance(result, Message):
                 await _handle(handler, result)

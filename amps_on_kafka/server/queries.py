@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.processor.engine import QueryResult, Records
 from amps_on_kafka.protocol.frames import encode_frame
-from amps_on_kafka.server.cluster import parts_of
 from amps_on_kafka.server.fanout import Boundary
+from amps_on_kafka.server.peers import parts_of
 from amps_on_kafka.server.replies import ack, group, sow_batch
 from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, count, options, text
 from amps_on_kafka.server.subscriptions import SUBSCRIBE_OPTIONS, SowSubscription, subscription_id
@@ -46,7 +46,7 @@ class Query:
     order_by: str | None
     top_n: int | None
     batch_size: int
-    parts: list[int] | None = None  # a peer's part of a query (server/cluster.py)
+    parts: list[int] | None = None  # a peer's part of a query (server/peers.py)
 
     @classmethod
     def parse(cls, session: Session, header: dict) -> Query:

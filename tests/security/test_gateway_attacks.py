@@ -22,7 +22,7 @@ from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.security.policy import PeerAccess
 from amps_on_kafka.security.users import PEER_USER
-from amps_on_kafka.server.cluster import PeerLink
+from amps_on_kafka.server.peers import PeerLink
 from tests.security.gateway_fixtures import (
     FAILURE_DELAY,
     PASSWORDS,
@@ -294,7 +294,7 @@ def test_a_record_leaving_the_entitled_set_is_an_oof_with_reason_entitlement(
 
 
 def test_gateways_of_a_group_log_on_to_each_other_with_their_secret(secured: Secured) -> None:
-    """What server/cluster.py forwards to a peer: over TLS, with PeerSecret; a wrong
+    """What server/peers.py forwards to a peer: over TLS, with PeerSecret; a wrong
     secret, or none, is refused like any logon."""
 
     async def peer_logon(secret: str | None) -> None:

@@ -7,6 +7,7 @@ All in one module so the run (one process per module under xdist) starts one bro
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from click.testing import CliRunner
 
 from amps_on_kafka.broker.certs import make_ca, write_pem
 from amps_on_kafka.cli import main
-from amps_on_kafka.client import Client
+from amps_on_kafka.client import COMPLETED, AsyncClient, Client
 from amps_on_kafka.errors import TransportError
 
 PASSWORD_ENV = "AMPS_TEST_KAFKA_PASSWORD"
@@ -109,6 +110,35 @@ def test_a_spark_export_reads_over_sasl_ssl(secured_kafka, tmp_path):
     assert exported.exit_code == 0, exported.output
     assert pq.read_table(out).num_rows == 4
     assert secured_kafka.password not in exported.output
+
+
+def test_the_asyncio_client_publishes_and_replays_over_sasl_ssl(secured_kafka):
+    """AsyncClient.connect takes kafka_config as Client.connect does (a properties
+    file here): an asyncio application reaches a secured Kafka too."""
+    topic = f"secured-async-{uuid.uuid4().hex[:8]}"
+    config = ("--kafka-config", str(secured_kafka.properties_file))
+    assert cli("topics", "create", topic, *config).exit_code == 0
+
+    async def publish_and_replay() -> list[int]:
+        async with AsyncClient("secured-async") as client:
+            uri = f"kafka://{secured_kafka.bootstrap}"
+            await client.connect(uri, kafka_config=secured_kafka.properties_file)
+            await client.logon(timeout=CLEAR_ERROR)
+            for i in range(3):
+                await client.publish(topic, {"id": i})
+            await client.publish_flush(30)
+            async with await client.bookmark_subscribe(topic, "0") as stream:
+                return [message.data["id"] async for message in _until_completed(stream)]
+
+    assert sorted(asyncio.run(publish_and_replay())) == [0, 1, 2]
+
+
+async def _until_completed(stream):
+    """The messages of a replay up to its COMPLETED marker."""
+    async for message in stream:
+        if message is COMPLETED:
+            return
+        yield message
 
 
 @pytest.mark.parametrize("wrong", ["password", "ca"])
