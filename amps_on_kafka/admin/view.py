@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 
 LOOP_TIMEOUT = 5.0  # seconds the gateway's loop may take to answer (it never blocks long)
 QUEUE_COUNTS = ("delivered", "redelivered", "ack", "expire", "taken", "dead_lettered")
+# what an operator reads for each kind of a session's subscriptions (by class name)
+SUBSCRIPTION_KINDS = {
+    "SowSubscription": "sow",
+    "SpreadSubscription": "sow",
+    "LogSubscription": "log",
+    "QueueSubscriber": "queue",
+    "Forwarded": "queue",  # held by the queue's owner, another worker
+}
 
 
 @cache
@@ -217,6 +225,10 @@ def _client(session: Session) -> dict[str, Any]:
 
 
 def _subscription(session: Session, sub: Any) -> dict[str, Any]:
+    kind = SUBSCRIPTION_KINDS.get(type(sub).__name__, type(sub).__name__)
+    # a subscription spread over the group's workers (what a worker's gateway makes of
+    # every SOW subscription): its local part holds the topic and filter
+    sub = getattr(sub, "local", sub)
     handle = getattr(sub, "handle", None)  # a queue subscription's engine handle
     topic = getattr(sub, "topic", None)
     if topic is None and handle is not None:
@@ -225,7 +237,7 @@ def _subscription(session: Session, sub: Any) -> dict[str, Any]:
     return {
         "client": session.client_name,
         "sub_id": sub.sub_id,
-        "kind": type(sub).__name__,
+        "kind": kind,
         "topic": topic,
         "filter": getattr(filter_, "text", filter_),
     }

@@ -9,6 +9,7 @@ from urllib.request import urlopen
 
 import orjson
 
+from amps_on_kafka.client import Client
 from tests.admin.conftest import until
 from tests.cli.test_failures import Running, sow_yaml, write_config
 
@@ -24,7 +25,8 @@ def test_the_worker_command_serves_the_admin_port(bootstrap, topic_factory, tmp_
     )  # fmt: skip
     try:
         line = running.wait_for("worker ready: ")
-        admin = orjson.loads(ready_file.read_bytes())["admin"]
+        info = orjson.loads(ready_file.read_bytes())
+        admin = info["admin"]
         assert admin.startswith("http://127.0.0.1:") and f"admin={admin} " in line
 
         def ready() -> dict | None:
@@ -37,7 +39,25 @@ def test_the_worker_command_serves_the_admin_port(bootstrap, topic_factory, tmp_
         assert until(ready, "/ready 200") == {"ready": True, "reasons": []}
         with urlopen(f"{admin}/metrics", timeout=10) as response:
             assert f'amps_sow_partitions{{topic="{topic}"}} 2.0' in response.read().decode()
+        assert _subscriptions_seen(admin, info["gateway"], topic) == [
+            {"client": "cmd-viewer", "sub_id": "watch", "kind": "sow", "topic": topic,
+             "filter": "/n > 5"}
+        ]  # fmt: skip
         code, _ = running.interrupt(signal.SIGTERM)
         assert code == 0
     finally:
         running.kill()
+
+
+def _subscriptions_seen(admin: str, gateway: str, topic: str) -> list[dict]:
+    """/admin's subscriptions while a client subscribes through the worker's gateway,
+    which spreads each SOW subscription over the group (the view named that wrapper's
+    class, with no topic and no filter)."""
+    with Client("cmd-viewer") as client:
+        client.connect(gateway)
+        client.logon()
+        with (
+            client.subscribe(topic, "/n > 5", sub_id="watch", timeout=5),
+            urlopen(f"{admin}/admin", timeout=10) as response,
+        ):
+            return json.load(response)["subscriptions"]
