@@ -22,10 +22,12 @@ from amps_on_kafka.client.message import DeleteAck
 from amps_on_kafka.client.stream import MessageStream, check_timeout
 from amps_on_kafka.client.subscriptions import BookmarkSubscription
 from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
+from amps_on_kafka.errors import OptionError
 from amps_on_kafka.log.message import Message
 from amps_on_kafka.log.publisher import FailedWrite
 
 STREAM_COMMANDS = frozenset({"sow", "subscribe", "sow_and_subscribe"})
+QUERY_OPTIONS = frozenset({"oof"})  # what a gateway's sow_and_subscribe takes
 
 
 class ClientBase(ABC):
@@ -247,6 +249,7 @@ class ClientBase(ABC):
         no gap and no duplicate between them (tcp:// only). With `on_message`, the
         messages go to that handler on a client thread and the sub_id is returned."""
         check_timeout(timeout)  # before anything is opened
+        check_query(top_n, batch_size, options)
         stream = self._open_sow_and_subscribe(
             topic,
             filter,
@@ -259,7 +262,6 @@ class ClientBase(ABC):
         )
         return self._deliver(stream, on_message)
 
-    @abstractmethod
     def sow(
         self,
         topic: str,
@@ -272,7 +274,55 @@ class ClientBase(ABC):
     ) -> MessageStream:
         """The SOW records that match, as of one moment; the stream ends after the last
         (tcp:// only). `order_by` is AMPS's `/field [ASC|DESC], ...`; `top_n` keeps the
-        first n records. For a handler, use execute_async(Command("sow")...)."""
+        first n records. For a handler, use execute_async(Command("sow")...), which
+        delivers group_begin before the records and group_end after them."""
+        return self._query(
+            topic,
+            filter,
+            order_by=order_by,
+            top_n=top_n,
+            batch_size=batch_size,
+            timeout=timeout,
+            groups=False,
+        )
+
+    def _query(
+        self,
+        topic: str,
+        filter: str | None,
+        *,
+        order_by: str | None,
+        top_n: int | None,
+        batch_size: int,
+        timeout: float | None,
+        groups: bool,
+    ) -> MessageStream:
+        check_timeout(timeout)  # before anything is opened
+        check_query(top_n, batch_size)
+        return self._open_sow(
+            topic,
+            filter,
+            order_by=order_by,
+            top_n=top_n,
+            batch_size=batch_size,
+            timeout=timeout,
+            groups=groups,
+        )
+
+    @abstractmethod
+    def _open_sow(
+        self,
+        topic: str,
+        filter: str | None,
+        *,
+        order_by: str | None,
+        top_n: int | None,
+        batch_size: int,
+        timeout: float | None,
+        groups: bool,
+    ) -> MessageStream:
+        """`groups`: the stream keeps the query's group_begin and group_end (a handler's
+        end-of-query signal, as in AMPS); an iterator gets the records only."""
 
     def _deliver(self, stream: MessageStream, on_message: Handler | None) -> MessageStream | str:
         if on_message is None:
@@ -391,13 +441,21 @@ class ClientBase(ABC):
         MessageStream for sow, subscribe and sow_and_subscribe)."""
         return _EXECUTORS[command.command](self, command)
 
+    def _execute(self, command: Command, *, handled: bool) -> Any:
+        """execute; for a handler (`handled`), a query's stream keeps its group_begin and
+        group_end: a handler has no end of iteration to learn the query ended from."""
+        if handled and command.command == "sow":
+            return _query(self, command, groups=True)
+        return self.execute(command)
+
     def execute_async(self, command: Command, handler: Handler) -> str:
         """Run a Command and give its messages to `handler` on a client thread; returns the
-        command id (the sub_id of a subscription). A command without a stream (publish,
-        flush, ...) runs now, on the calling thread, and `handler` gets its ack message
-        if it has one (a sow_delete's DeleteAck)."""
+        command id (the sub_id of a subscription). A query (sow) delivers group_begin,
+        the records, then group_end, its last message, as AMPS does. A command without a
+        stream (publish, flush, ...) runs now, on the calling thread, and `handler` gets
+        its ack message if it has one (a sow_delete's DeleteAck)."""
         if command.command in STREAM_COMMANDS:
-            return self._handlers.start(self.execute(command), handler)
+            return self._handlers.start(self._execute(command, handled=True), handler)
         result = self.execute(command)
         if isinstance(result, Message):
             handler(result)
@@ -423,6 +481,30 @@ def _subscribe(client: ClientBase, c: Command) -> MessageStream:
     return client.subscribe(_topic(c), c.filter, c.options, sub_id=c.sub_id, timeout=c.timeout)
 
 
+def _query(client: ClientBase, c: Command, *, groups: bool = False) -> MessageStream:
+    return client._query(
+        _topic(c),
+        c.filter,
+        order_by=c.order_by,
+        top_n=c.top_n,
+        batch_size=c.batch_size or DEFAULT_BATCH,
+        timeout=c.timeout,
+        groups=groups,
+    )
+
+
+def check_query(top_n: object, batch_size: object, options: str | None = None) -> None:
+    """A query's arguments, checked before sending as the gateway would check them, so a
+    bad one is the same error on every client: ValueError (OptionError for options)."""
+    for name, value in (("top_n", top_n), ("batch_size", batch_size)):
+        if value is not None and (type(value) is not int or value < 0):
+            raise ValueError(f"{name} must be a whole number >= 0 or None, not {value!r}")
+    given = {word.strip() for word in (options or "").split(",")} - {""}
+    if given - QUERY_OPTIONS:
+        unknown = ", ".join(sorted(given - QUERY_OPTIONS))
+        raise OptionError(f"sow_and_subscribe takes option oof only, not {unknown!r}")
+
+
 _EXECUTORS: dict[str, Callable[[ClientBase, Command], Any]] = {
     "publish": lambda client, c: client.publish(_topic(c), c.data, c.expiration, **_publish_kw(c)),
     "delta_publish": lambda client, c: client.delta_publish(
@@ -431,14 +513,7 @@ _EXECUTORS: dict[str, Callable[[ClientBase, Command], Any]] = {
     "sow_delete": lambda client, c: client.sow_delete(
         _topic(c), c.filter, keys=c.sow_keys, data=c.data
     ),
-    "sow": lambda client, c: client.sow(
-        _topic(c),
-        c.filter,
-        order_by=c.order_by,
-        top_n=c.top_n,
-        batch_size=c.batch_size or DEFAULT_BATCH,
-        timeout=c.timeout,
-    ),
+    "sow": _query,
     "subscribe": _subscribe,
     "sow_and_subscribe": lambda client, c: client.sow_and_subscribe(
         _topic(c),

@@ -20,9 +20,9 @@ from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.bookmark_store import BookmarkStore
 from amps_on_kafka.client.kafka_transport import KafkaConfigSource, KafkaTransport, secured
 from amps_on_kafka.client.message import DeleteAck
-from amps_on_kafka.client.stream import MessageStream, check_timeout
+from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription, BookmarkSubscriptions
-from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH, TcpTransport
+from amps_on_kafka.client.tcp_transport import TcpTransport
 from amps_on_kafka.client.uri import parse_uri, shown
 from amps_on_kafka.errors import TransportError, WrongTransport
 from amps_on_kafka.expr import compile_filter
@@ -195,18 +195,19 @@ class Client(ClientBase):
             timeout=timeout,
         )
 
-    def sow(
+    def _open_sow(
         self,
         topic: str,
-        filter: str | None = None,
+        filter: str | None,
         *,
-        order_by: str | None = None,
-        top_n: int | None = None,
-        batch_size: int = DEFAULT_BATCH,
-        timeout: float | None = None,
+        order_by: str | None,
+        top_n: int | None,
+        batch_size: int,
+        timeout: float | None,
+        groups: bool,
     ) -> MessageStream:
-        check_timeout(timeout)
-        return self._gateway("sow").sow(topic, filter, order_by, top_n, batch_size, timeout)
+        gateway = self._gateway("sow")
+        return gateway.sow(topic, filter, order_by, top_n, batch_size, timeout, groups=groups)
 
     def _unsubscribe(self, sub_id: str, ended: bool) -> None:
         """Bookmark subscriptions end here on both transports; closing a stream tells the

@@ -40,7 +40,6 @@ from amps_on_kafka.client.message import DeleteAck
 from amps_on_kafka.client.publish_store import MemoryPublishStore, PublishStore, StoredPublish
 from amps_on_kafka.client.stream import Item, MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription
-from amps_on_kafka.client.tcp_transport import DEFAULT_BATCH
 from amps_on_kafka.client.uri import parse_uri, shown
 from amps_on_kafka.errors import AmpsError, TransportError
 from amps_on_kafka.log.message import Message
@@ -380,27 +379,29 @@ class HAClient(ClientBase):
         self._streams.append(stream)
         return stream
 
-    def sow(
+    def _open_sow(
         self,
         topic: str,
-        filter: str | None = None,
+        filter: str | None,
         *,
-        order_by: str | None = None,
-        top_n: int | None = None,
-        batch_size: int = DEFAULT_BATCH,
-        timeout: float | None = None,
+        order_by: str | None,
+        top_n: int | None,
+        batch_size: int,
+        timeout: float | None,
+        groups: bool,
     ) -> MessageStream:
         """Client.sow, asked again on a new connection if the request fails; a query
         interrupted while its records arrive fails with TransportError (asking again
         would deliver its first records twice)."""
         return self._with_client(  # type: ignore[no-any-return]
-            lambda client: client.sow(
+            lambda client: client._open_sow(
                 topic,
                 filter,
                 order_by=order_by,
                 top_n=top_n,
                 batch_size=batch_size,
                 timeout=timeout,
+                groups=groups,
             )
         )
 

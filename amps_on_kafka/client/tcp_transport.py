@@ -50,6 +50,8 @@ MAX_INBOUND_FRAME = 1 << 30  # the gateway bounds its frames; this only guards t
 MAX_OUTBOX = 16 * 1024 * 1024  # bytes queued for the socket before publishers wait
 MAX_PARTITIONS = 10_000  # a delete by filter writes one record per partition, at most this
 
+SOW = frozenset({"sow"})  # what a query's stream keeps for an iterator
+QUERY_GROUPS = frozenset({"group_begin", "sow", "group_end"})  # and for a handler
 _ENDED = object()  # the application closed the stream
 _LOST = object()  # the connection is gone
 Item = GatewayMessage | Completed
@@ -305,8 +307,11 @@ class TcpTransport:
         top_n: int | None = None,
         batch_size: int = DEFAULT_BATCH,
         timeout: float | None = None,
+        *,
+        groups: bool = False,
     ) -> MessageStream:
-        """The matching records (command "sow"); the stream ends after the last one."""
+        """The matching records (command "sow"); the stream ends after the last one.
+        `groups`: group_begin and group_end around them as well (a handler's stream)."""
         header: dict[str, Any] = {
             "c": "sow",
             "t": topic,
@@ -316,7 +321,7 @@ class TcpTransport:
         _set(header, f=filter, orderby=order_by, top_n=top_n)
         cid, replies, _ = self._open(header, self._commands, None)
         records = self._items(
-            replies, self._commands, cid, keep=frozenset({"sow"}), until_done=True
+            replies, self._commands, cid, keep=QUERY_GROUPS if groups else SOW, until_done=True
         )
         return MessageStream(records, lambda: self._end(self._commands, cid), idle_timeout=timeout)
 

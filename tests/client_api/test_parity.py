@@ -89,6 +89,23 @@ def test_bad_arguments_raise_the_same_error_on_both_transports(uri, connect, top
         assert stream.next(timeout=30) is COMPLETED
 
 
+def test_bad_query_arguments_are_refused_before_sending_on_both_transports(uri, connect):
+    """A gateway refused them (ServerError "option(s) bogus not supported here"), and a
+    kafka:// client said WrongTransport: now the client's ValueError or OptionError."""
+    client = connect(uri)
+    with pytest.raises(OptionError, match="sow_and_subscribe takes option oof only, not 'bogus'"):
+        client.sow_and_subscribe("orders", options="oof,bogus")
+    for top_n in ("3", -1, 2.5, True):
+        with pytest.raises(
+            ValueError, match=rf"top_n must be a whole number >= 0 or None, not {top_n!r}"
+        ):
+            client.sow("orders", top_n=top_n)
+        with pytest.raises(ValueError, match="top_n must be a whole number"):
+            client.execute(Command("sow_and_subscribe").set_topic("orders").set_top_n(top_n))
+    with pytest.raises(ValueError, match="batch_size must be a whole number >= 0 or None, not 'x'"):
+        client.sow("orders", batch_size="x")
+
+
 def test_unsubscribing_what_ended_already_is_nothing_to_do_on_both(uri, connect, topic_factory):
     """tcp:// raised ServerError ("no subscription") where kafka:// did nothing."""
     topic = topic_factory(1)

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 
-from amps_on_kafka import COMPLETED, AsyncClient, Command, Message
+from amps_on_kafka import COMPLETED, AsyncClient, Command, HAClient, Message
 from amps_on_kafka.client.aio import AsyncStream
 from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.log.controls import TICK
@@ -179,7 +179,7 @@ def test_the_three_styles_query_a_worker_alike(served, connect):
     client.publish_flush(30)
 
     def rows(messages) -> list[object]:
-        return sorted(m.data["id"] for m in messages)
+        return sorted(m.data["id"] for m in messages if m.command == "sow")
 
     wait_for(lambda: rows(client.sow(served.topic, timeout=30)) == [0, 1, 2])
     got: list[Message] = []
@@ -193,3 +193,50 @@ def test_the_three_styles_query_a_worker_alike(served, connect):
             return rows([m async for m in stream])
 
     assert asyncio.run(run()) == [0, 1]
+
+
+def test_a_query_handler_gets_group_begin_the_records_and_group_end(served, connect):
+    """A handler can't see a stream end, so execute_async of a sow delivers AMPS's
+    group_begin and group_end around the records, through a Client, an HAClient and an
+    AsyncClient's coroutine handler; an iterator of the same query gets the records."""
+    client = connect(served.uri)
+    client.publish(served.topic, {"id": 1, "qty": 10})
+    client.publish_flush(30)
+    wait_for(lambda: [m.sow_key for m in client.sow(served.topic, timeout=30)] == ["1"])
+    query = Command("sow").set_topic(served.topic)
+    expected = ["group_begin", "sow", "group_end"]
+
+    def delivered(runner: object) -> list[str]:
+        got: list[Message] = []
+        ended = threading.Event()
+
+        def handler(message: Message) -> None:
+            got.append(message)
+            if message.command == "group_end":
+                ended.set()
+
+        runner.execute_async(query, handler)  # type: ignore[attr-defined]
+        assert ended.wait(30), got
+        return [m.command for m in got]
+
+    assert delivered(client) == expected
+    assert [m.command for m in client.execute(query)] == ["sow"]
+    with HAClient(f"ha-{client.name}", [served.uri]) as ha:
+        ha.connect_and_logon()
+        assert delivered(ha) == expected
+
+    async def run() -> list[str]:
+        got: list[Message] = []
+        ended = asyncio.Event()
+
+        async def handler(message: Message) -> None:
+            got.append(message)
+            if message.command == "group_end":
+                ended.set()
+
+        async with AsyncClient(client=connect(served.uri)) as aclient:
+            await aclient.execute_async(query, handler)
+            await asyncio.wait_for(ended.wait(), 30)
+        return [m.command for m in got]
+
+    assert asyncio.run(run()) == expected
