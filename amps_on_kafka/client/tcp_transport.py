@@ -159,6 +159,7 @@ class TcpTransport:
         self.client_name = client_name
         self.max_frame_bytes: int | None = None  # the gateway's limit, learnt at logon
         self._credentials = {"user_id": user, "pw": password}
+        self._tls = tls
         self._sock = _connect(address, tls)
         self._outbox = Outbox(self._sock, self._lose)
         self.acks = AckBatcher(self._send)  # message.ack() batches here (docs/queues.md)
@@ -184,11 +185,11 @@ class TcpTransport:
             if self._lost is None:
                 raise
             # A gateway that refuses a logon says why first (a failure ack): a close with
-            # no answer is something else listening there.
+            # no answer is something else listening there, or, over TLS, a gateway that
+            # refused the client's certificate (TLS 1.3 checks it after the handshake).
             raise TransportError(
-                f"{self.address} closed the connection without answering the logon: no "
-                "worker's gateway listens there (a Kafka broker takes kafka://, a gateway "
-                "with TLS tcps://)"
+                f"{self.address} closed the connection without answering the logon: "
+                f"{_unanswered(self._tls)}"
             ) from exc
         self.max_frame_bytes = reply.header.get("max_frame_bytes")
 
@@ -579,6 +580,24 @@ def _connect(address: str, tls: TlsOptions | None) -> socket.socket | TlsSocket:
         raise TransportError(f"gateway at {address}: {reason}") from exc
     sock.settimeout(None)
     return secured
+
+
+def _unanswered(tls: TlsOptions | None) -> str:
+    """Why a logon may see the connection closed unanswered."""
+    if tls is None:
+        return (
+            "no worker's gateway listens there (a Kafka broker takes kafka://, a gateway "
+            "with TLS tcps://)"
+        )
+    if tls.cert is not None:
+        return (
+            f"the gateway did not accept the client certificate {tls.cert} (is it signed "
+            "by the CA in the gateway's Gateway.TLS.CA?), or no worker's gateway listens there"
+        )
+    return (
+        "the gateway may require a client certificate (tcps://...?cert=FILE&key=FILE), "
+        "or no worker's gateway listens there"
+    )
 
 
 def _set(header: dict[str, Any], **fields: Any) -> None:

@@ -184,6 +184,10 @@ def test_not_ready_names_each_reason(operated: Operated):
     view["worker"]["assigned"] = False
     assert "no partition assigned yet" in not_ready(view, 100)
     assert "the gateway is not serving yet" in not_ready(view, 100)
+    view["worker"]["assigned"] = True  # a group with more workers than partitions
+    for topic in view["sow_topics"]:
+        topic["partitions"] = []
+    assert "this worker owns no partition (no store open)" in not_ready(view, 100)
 
 
 def test_admin_view_and_the_stats_command(operated: Operated):
