@@ -22,12 +22,14 @@ from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.security.policy import PeerAccess
 from amps_on_kafka.security.users import PEER_USER
+from amps_on_kafka.server.gateway import Gateway
 from amps_on_kafka.server.peers import PeerLink
 from tests.security.gateway_fixtures import (
     FAILURE_DELAY,
     PASSWORDS,
     PEER_SECRET,
     Secured,
+    TlsWire,
     secured,
 )
 from tests.server.helpers import is_ack
@@ -137,6 +139,43 @@ def test_a_client_certificate_is_an_identity_and_a_foreign_one_is_refused(
         wire.close()
     with pytest.raises(OSError):  # signed by a CA the gateway does not trust
         secured.wire(cert="mallory").logon_as("carol", "m")
+    refused = "the gateway did not accept the client certificate .*mallory.pem"
+    with pytest.raises(TransportError, match=refused), Client("m") as client:
+        client.connect(secured.uri(cert="mallory"))  # the client says why it was closed
+        client.logon(timeout=5)
+
+
+def test_a_gateway_requiring_client_certificates_admits_only_their_holders(
+    secured: Secured, bootstrap: str
+) -> None:
+    """RequireClientCertificate: true: no certificate, no connection, even with a good
+    password (and the client says a certificate may be wanted); a certificate the CA
+    signed logs on as its CN."""
+    tls = secured.gateway.settings.tls
+    assert tls is not None
+    required = tls.model_copy(update={"require_client_certificate": True})
+    gateway = Gateway(
+        secured.worker.engine,
+        bootstrap,
+        listen="127.0.0.1:0",
+        settings=secured.gateway.settings.model_copy(update={"tls": required}),
+        security=secured.gateway.security,
+    )
+    address = gateway.start()
+    try:
+        uri = f"tcps://alice:{PASSWORDS['alice']}@{address}/amps/json?ca={secured.certs}/ca.pem"
+        wanted = "may require a client certificate"
+        with pytest.raises(TransportError, match=wanted), Client("no-cert") as client:
+            client.connect(uri)
+            client.logon(timeout=5)
+        wire = TlsWire(address, secured.certs, "carol")
+        try:
+            logon = wire.request({"c": "logon", "cid": "1", "client_name": "required"})
+            assert logon.header["user_id"] == "carol"
+        finally:
+            wire.close()
+    finally:
+        gateway.stop()
 
 
 def test_a_client_name_is_taken_over_only_by_its_own_user(secured: Secured) -> None:
