@@ -63,7 +63,8 @@ class ClientBase(ABC):
     @abstractmethod
     def publish(self, topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
         """Publish; returns the sequence number. Persisted once publish_flush returns.
-        `data` is a dict, str or bytes; `expiration` in seconds. For an Avro topic, str
+        `data` is a dict, str or bytes (another type, or a topic that is not a str, is a
+        TypeError on every client); `expiration` in seconds. For an Avro topic, str
         and bytes are JSON text (as on the gateway's wire), encoded with the topic's
         schema: Avro bytes already encoded are refused, alike on both transports."""
 

@@ -42,6 +42,7 @@ from amps_on_kafka.client.stream import Item, MessageStream
 from amps_on_kafka.client.subscriptions import BookmarkSubscription
 from amps_on_kafka.client.uri import parse_uri, shown
 from amps_on_kafka.errors import AmpsError, TransportError
+from amps_on_kafka.log.codecs import check_payload, check_topic
 from amps_on_kafka.log.message import Message
 from amps_on_kafka.log.publisher import FailedWrite, check_delete_target
 
@@ -284,6 +285,9 @@ class HAClient(ClientBase):
         options: dict[str, Any],
     ) -> tuple[int, Any]:
         """Store, then produce; the sequence and what the Client returned."""
+        if command != "sow_delete":  # refused before the store keeps it, as by a Client
+            check_topic(topic)
+            check_payload(data)
         with self._lock:
             client, generation = self._connected(), self.generation  # before it is stored:
             sequence = next(self._sequences)  # connecting republishes the store

@@ -34,6 +34,7 @@ from amps_on_kafka.errors import (
     WrongTransport,
     server_error,
 )
+from amps_on_kafka.log.codecs import check_payload, check_topic
 from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.envelope import Command, check_expiration
 from amps_on_kafka.log.message import COMPLETED, Completed
@@ -220,6 +221,7 @@ class TcpTransport:
         sequence: int | None = None,
     ) -> int:
         """`sequence` republishes under the original number (a publish store's replay)."""
+        check_topic(topic)  # the gateway would refuse it at the flush, Python's repr in it
         if expiration is not None:
             check_expiration(expiration)  # refused here, before it uses a sequence number
         sequence = self._reserve(1) if sequence is None else sequence
@@ -605,12 +607,15 @@ def _set(header: dict[str, Any], **fields: Any) -> None:
 
 
 def _payload(data: Any) -> bytes:
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, bytearray | memoryview):
-        return bytes(data)
-    if isinstance(data, str):
-        return data.encode()
+    """The frame's payload; a dict, the common case, is tested first (one type check)."""
+    if type(data) is not dict:
+        if isinstance(data, bytes):
+            return data
+        if isinstance(data, bytearray | memoryview):
+            return bytes(data)
+        if isinstance(data, str):
+            return data.encode()
+        check_payload(data)
     try:
         return orjson.dumps(data)
     except TypeError as exc:

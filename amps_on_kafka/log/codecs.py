@@ -155,6 +155,24 @@ def avro_document(payload: str | bytes | bytearray | memoryview) -> Any:
         ) from None
 
 
+PAYLOAD_TYPES = (dict, str, bytes, bytearray, memoryview)
+
+
+def check_topic(topic: object) -> None:
+    """A publish's topic is a str: checked by every client (where the topic is first met,
+    off the hot path), so a wrong type is one TypeError naming the argument, not Kafka's
+    or the gateway's own."""
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+
+
+def check_payload(data: object) -> None:
+    """A publish's data is a dict (a JSON or Avro document), str or bytes; JSON text of
+    another value (a number, a list) is taken as text. One TypeError on every client."""
+    if not isinstance(data, PAYLOAD_TYPES):
+        raise TypeError(f"data must be a dict, str or bytes, not {type(data).__name__}")
+
+
 def encode_payload(codec: Codec, data: Any) -> tuple[bytes, Any]:
     """The record value and the decoded document (for SOW keys) of a payload."""
     if type(data) is dict:  # the common case first: one type check per message
@@ -167,4 +185,5 @@ def encode_payload(codec: Codec, data: Any) -> tuple[bytes, Any]:
     if isinstance(data, bytes | bytearray | memoryview):
         raw = bytes(data)
         return raw, codec.decode(raw)
+    check_payload(data)
     return codec.encode(data), data

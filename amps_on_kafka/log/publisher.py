@@ -19,7 +19,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from amps_on_kafka.errors import MessageError, PublishError
-from amps_on_kafka.log.codecs import JsonCodec, encode_payload
+from amps_on_kafka.log.codecs import JsonCodec, check_topic, encode_payload
 from amps_on_kafka.log.envelope import (
     H_PUBLISHER,
     H_SEQUENCE,
@@ -106,6 +106,7 @@ class LogPublisher:
     def spec(self, topic: str) -> TopicSpec:
         spec = self._specs.get(topic)
         if spec is None:
+            check_topic(topic)  # once per topic: a known one is a str
             spec = self._specs[topic] = self.registry.spec(topic)
         return spec
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import pytest
@@ -104,6 +105,35 @@ def test_bad_query_arguments_are_refused_before_sending_on_both_transports(uri, 
             client.execute(Command("sow_and_subscribe").set_topic("orders").set_top_n(top_n))
     with pytest.raises(ValueError, match="batch_size must be a whole number >= 0 or None, not 'x'"):
         client.sow("orders", batch_size="x")
+
+
+def test_a_wrong_publish_argument_type_is_one_type_error_on_every_client(
+    uri, connect, topic_factory
+):
+    """kafka:// raised confluent's "argument 1 must be str or None" for an int topic, or
+    "no value for the SOW key field" for data=42; tcp:// sent both and failed at the flush."""
+    topic = topic_factory(1, key=("/id",))
+    calls = {
+        "data must be a dict, str or bytes, not int": lambda c: c.publish(topic, 123),
+        "topic must be a str, not NoneType": lambda c: c.publish(None, {"id": 1}),
+        "topic must be a str, not int": lambda c: c.delta_publish(7, {"id": 1}),
+        "data must be a dict, str or bytes, not list": lambda c: c.delta_publish(topic, [1]),
+    }
+    with HAClient("ha-types", [uri]) as ha:
+        ha.connect_and_logon()
+        for client in (connect(uri), ha):
+            for reason, call in calls.items():
+                with pytest.raises(TypeError, match=reason):
+                    call(client)
+            client.publish_flush(30)  # nothing was sent: nothing fails here
+        assert len(ha.publish_store) == 0  # nothing stored either
+
+    async def run() -> None:
+        async with AsyncClient(client=connect(uri)) as aclient:
+            with pytest.raises(TypeError, match="data must be a dict, str or bytes, not float"):
+                await aclient.publish(topic, 1.5)
+
+    asyncio.run(run())
 
 
 def test_unsubscribing_what_ended_already_is_nothing_to_do_on_both(uri, connect, topic_factory):
