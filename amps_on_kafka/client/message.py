@@ -120,10 +120,6 @@ class GatewayMessage(Message):
         """For a stats ack, the records that matched; for sow_delete, the records deleted."""
         return self.meta.get("matches")
 
-    def __repr__(self) -> str:
-        where = self.bookmark or self.ack_type or ""
-        return f"GatewayMessage({self.command}, {self.topic}, {where})"
-
 
 class DeleteAck(Message):
     """What `sow_delete` returns on every transport: an ack (command "ack", status

@@ -143,6 +143,15 @@ class Message:
         """For a stats ack, the records that matched; for sow_delete, the records deleted."""
         return None
 
+    def __repr__(self) -> str:
+        """One form whichever transport built it (their classes are the engine's own):
+        `Message(command, topic, bookmark)`, or the ack type where there is no bookmark."""
+        try:
+            command = self.command
+        except MessageError:  # a log record whose envelope does not decode
+            command = "?"
+        return f"Message({command}, {self.topic}, {self.bookmark or self.ack_type or ''})"
+
     def ack(self, option: str | None = None) -> None:
         """Acknowledge a queue message (docs/queues.md). Only messages a tcp:// queue
         subscription delivers can be acked; others raise MessageError."""
@@ -297,9 +306,6 @@ class LogMessage(Message):
     @property
     def correlation_id(self) -> str | None:
         return self.envelope.correlation_id
-
-    def __repr__(self) -> str:
-        return f"LogMessage({self.bookmark}, {self.command})"
 
 
 class RecordMessage(LogMessage):

@@ -8,6 +8,7 @@ from amps_on_kafka import COMPLETED, Command, Message
 from amps_on_kafka.client.message import DeleteAck, GatewayMessage
 from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.log.envelope import EnvelopeError
 from amps_on_kafka.log.message import LogMessage
 
 ATTRIBUTES = (
@@ -137,3 +138,22 @@ def test_sow_delete_returns_one_ack_type_on_both_transports(delete_target, conne
     command = Command("sow_delete").set_topic(topic).set_filter("/id = 9")
     client.execute_async(command, handled.append)
     assert [type(m) for m in handled] == [DeleteAck]
+
+
+def test_every_message_has_one_repr_whichever_transport_built_it(uri, connect, topic_factory):
+    """The reprs named the engine's classes (GatewayMessage, LogMessage for a
+    RecordMessage), which differ per transport, while the docs promise one Message type."""
+    topic = topic_factory(1)
+    client = connect(uri)
+    client.publish(topic, {"id": 1})
+    client.publish_flush(30)
+    with client.bookmark_subscribe(topic, "0") as stream:
+        message = stream.next(timeout=30)
+    assert repr(message) == f"Message(publish, {topic}, {topic}|0|0|)"
+    assert [repr(m) for m in every_kind()] == [
+        "Message(publish, orders, orders|1|5|)",
+        "Message(oof, orders, orders|0|3|)",
+        "Message(ack, orders, processed)",
+    ]
+    unreadable = LogMessage("t", 0, 1, 0, b"{}", EnvelopeError("bad header"), JSON)
+    assert repr(unreadable) == "Message(?, t, t|0|1|)"  # a repr that can't fail in a log line
