@@ -23,6 +23,7 @@ from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.log.topics import conflicts_with_kafka, spec_from_config
 from amps_on_kafka.processor.dead_letters import dead_letter_topics
 from amps_on_kafka.processor.startup import check_serves_something
+from amps_on_kafka.security.policy import file_problems
 
 
 @click.group("config")
@@ -80,7 +81,7 @@ def _file_problems(file: Path) -> tuple[Config | None, list[str]]:
             reason = exc.reason
             named = reason.startswith(f"topic {topic.name}: ")
             problems.append(reason if named else f"topic {topic.name}: {reason}")
-    return parsed, problems
+    return parsed, problems + file_problems(parsed)
 
 
 def kafka_problems(parsed: Config, servers: str) -> list[str]:

@@ -16,6 +16,7 @@ from amps_on_kafka.cli.common import EXIT_INTERRUPTED, bootstrap_option, kafka, 
 from amps_on_kafka.cli.logs import announce, log_options, setup_logging
 from amps_on_kafka.cli.ready import remove_ready_file, write_ready_file
 from amps_on_kafka.config import check_listen, load_config
+from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.processor.collections import freeze_long_lived
 from amps_on_kafka.processor.startup import check_serves_something
 from amps_on_kafka.processor.summary import GatewayCounts, Summary
@@ -23,6 +24,7 @@ from amps_on_kafka.processor.worker import Worker
 
 if TYPE_CHECKING:
     from amps_on_kafka.admin import AdminServer
+    from amps_on_kafka.config import Config
 
 
 class _Stopped(Exception):
@@ -82,6 +84,7 @@ def worker(
     setup_logging(level, log_format)
     config = load_config(config_file)
     check_serves_something(config, str(config_file))  # before waiting for Kafka
+    _check_security_files(config, config_file)
     servers = kafka(bootstrap, config.kafka)
     processor = Worker(config, servers, state_dir, group_id=group_id, instance_id=instance_id)
     stopping = _raise_on_signals()
@@ -90,6 +93,16 @@ def worker(
     except _Stopped as stopped:
         if stopped.signum == signal.SIGINT:
             raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+
+
+def _check_security_files(config: Config, config_file: Path) -> None:
+    """TLS files and the users file, checked before recovery (which may take minutes):
+    the gateway would meet them only once it serves."""
+    from amps_on_kafka.security.policy import file_problems
+
+    problems = file_problems(config)
+    if problems:
+        raise ConfigError(f"{config_file}: {'; '.join(problems)}")
 
 
 def _raise_on_signals() -> threading.Event:

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amps_on_kafka.config.model import AuthenticationConfig, Config, TLSConfig
+from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.security.auth import Authentication, Identity, Throttle
 from amps_on_kafka.security.entitlements import Entitlements, UserEntitlements
-from amps_on_kafka.security.tls import client_context
-from amps_on_kafka.security.users import PEER_USER
+from amps_on_kafka.security.tls import client_context, server_context
+from amps_on_kafka.security.users import PEER_USER, UsersFile
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,28 @@ class Security:
         if identity.method == "peer":
             return UserEntitlements(identity.user, None)
         return self.entitlements.for_user(identity.user)
+
+
+def file_problems(config: Config) -> list[str]:
+    """The security files a gateway can't use: TLS certificates, keys or CAs it can't
+    load, a users file missing or damaged. `config check` and the worker's start look
+    before anything waits for Kafka: the gateway itself starts only after recovery, and
+    a missing users file would only make every password logon fail."""
+    problems = []
+    if config.gateway.tls is not None:
+        try:
+            server_context(config.gateway.tls)
+        except ConfigError as exc:
+            problems.append(exc.reason)
+    users = config.authentication.users_file
+    if users is not None and not users.exists():
+        problems.append(
+            f"Authentication.UsersFile: {users} does not exist "
+            f"(amps-kafka users add NAME --file {users} creates it)"
+        )
+    elif users is not None:
+        try:
+            UsersFile(users).hashes()
+        except ConfigError as exc:
+            problems.append(f"Authentication.UsersFile: {exc.reason}")
+    return problems

@@ -207,6 +207,30 @@ def test_security_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
     assert config.gateway.listen.startswith("127.0.0.1:")  # the default binds locally
 
 
+def test_missing_or_damaged_security_files_are_found_before_the_worker_waits(
+    tmp_path: Path,
+) -> None:
+    """`config check` names each, and the worker stops on them in its first second (the
+    gateway, which meets them, starts only after recovery; a missing users file would
+    only refuse every password)."""
+    config = tmp_path / "worker.yaml"
+    config.write_text(
+        "Topics: [{Name: t}]\nSOW: [{Topic: t, Key: /id}]\n"
+        "Gateway: {TLS: {Certificate: gw.pem, Key: gw.key}}\n"
+        "Authentication: {UsersFile: users.txt}\n"
+    )
+    runner = CliRunner()
+    checked = runner.invoke(main, ["config", "check", str(config)])
+    assert checked.exit_code == 1
+    assert f"Gateway.TLS: can't load certificate {tmp_path / 'gw.pem'}" in checked.output
+    assert f"Authentication.UsersFile: {tmp_path / 'users.txt'} does not exist" in checked.output
+    started = runner.invoke(main, ["worker", "--config", str(config), "-b", "127.0.0.1:1"])
+    assert started.exit_code == 1 and "users.txt does not exist" in started.output
+    (tmp_path / "users.txt").write_text("alice\n")
+    checked = runner.invoke(main, ["config", "check", str(config)])
+    assert "users.txt, line 1: not `name:argon2-hash`" in checked.output
+
+
 def test_users_cli_takes_passwords_from_stdin_never_from_argv(tmp_path: Path) -> None:
     path = str(tmp_path / "users.txt")
     runner = CliRunner()
