@@ -17,6 +17,7 @@ try:
     from amps_on_kafka.cli.config_cmd import config
     from amps_on_kafka.cli.log import log
     from amps_on_kafka.cli.publish import publish
+    from amps_on_kafka.cli.queues import queues
     from amps_on_kafka.cli.replay import replay
     from amps_on_kafka.cli.sow import ping, sow, sow_delete, subscribe
     from amps_on_kafka.cli.spark import spark
@@ -38,5 +39,6 @@ for command in (broker, topics, publish, replay, bookmark, log, worker, sow, sub
     main.add_command(command)
 main.add_command(stats)
 main.add_command(users)
+main.add_command(queues)
 for command in (config, sow_delete, ping):
     main.add_command(command)

@@ -43,6 +43,12 @@ def fetch(server: str) -> dict[str, Any]:
     """The /admin view; `http://USER:PASSWORD@HOST:PORT` logs on as the gateway would
     (HTTP Basic), as tcp:// URIs do."""
     parts = urlsplit(server.strip() if "://" in server else f"http://{server.strip()}")
+    if parts.scheme not in ("http", "https"):
+        raise click.BadParameter(
+            f"{server!r} is not an admin port's URL: give http://HOST:PORT (the worker's "
+            "Admin: Listen; a tcp:// URI is its gateway's)",
+            param_hint="'--server'",
+        )
     where = parts.netloc.rpartition("@")[2]  # never the password, in errors too
     url = f"{parts.scheme}://{where}{parts.path.rstrip('/')}/admin"
     request = Request(url)

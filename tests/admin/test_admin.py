@@ -217,6 +217,8 @@ def test_admin_view_and_the_stats_command(operated: Operated):
             assert "admin-viewer" in {c["name"] for c in json.loads(raw.output)["clients"]}
     refused = CliRunner().invoke(main, ["stats", "--server", "http://127.0.0.1:1"])
     assert refused.exit_code != 0 and "127.0.0.1:1" in refused.output
+    gateway = CliRunner().invoke(main, ["stats", "--server", operated.uri])  # tcp://
+    assert gateway.exit_code == 2 and "is not an admin port's URL" in gateway.output
 
 
 def test_applied_offsets_are_committed_for_kafkas_lag_tools(operated: Operated):
