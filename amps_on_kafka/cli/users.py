@@ -62,5 +62,7 @@ def remove(name: str, path: Path) -> None:
 @reports_errors
 def list_users(path: Path) -> None:
     """Print the users' names, one a line."""
+    if not path.exists():  # a mistyped path must not look like a file without users
+        raise ConfigError(f"{path} does not exist (users add creates it)")
     for name in sorted(UsersFile(path).hashes()):
         click.echo(name)

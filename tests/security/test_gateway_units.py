@@ -243,6 +243,8 @@ def test_users_cli_takes_passwords_from_stdin_never_from_argv(tmp_path: Path) ->
     assert prompted.exit_code == 0 and UsersFile(Path(path)).verify("bob", "pw")
     listed = runner.invoke(main, ["users", "list", "--file", path])
     assert listed.output.split() == ["alice", "bob"]
+    mistyped = runner.invoke(main, ["users", "list", "--file", f"{path}.typo"])
+    assert mistyped.exit_code == 1 and "users.txt.typo does not exist" in mistyped.output
     assert runner.invoke(main, ["users", "add", "c", "--file", path, "--password", "x"]).exit_code
     removed = runner.invoke(main, ["users", "remove", "alice", "--file", path])
     assert removed.exit_code == 0
