@@ -165,8 +165,10 @@ def _announce(
     gateway: str, state_dir: Path, ready_file: Path | None, admin: AdminServer | None
 ) -> None:
     """The ready line (space-separated key=value, nothing glued to the URI) and file;
-    `gateway` is scheme://host:port (tcps:// when the gateway serves TLS)."""
+    `gateway` is scheme://host:port (tcps:// when the gateway serves TLS). The state
+    directory is made absolute: a reader may run in another directory than the worker."""
     uri = f"{gateway}/amps/json"
+    state_dir = state_dir.resolve()
     admin_url = None if admin is None else f"http://{admin.address}"
     if ready_file is not None:  # first: whoever saw the line finds the file
         info = {"gateway": uri, "admin": admin_url, "pid": os.getpid(), "state_dir": str(state_dir)}

@@ -81,9 +81,10 @@ def sow_yaml(topic: str) -> str:
 class Running:
     """A command running in the background, its stderr read line by line as it comes."""
 
-    def __init__(self, *args: str, bootstrap: str) -> None:
+    def __init__(self, *args: str, bootstrap: str, cwd: Path | None = None) -> None:
         self.process = subprocess.Popen(
             [AMPS_KAFKA, *args],
+            cwd=cwd,
             env=_env(bootstrap),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -20,13 +20,16 @@ def test_the_ready_file_names_the_gateway_and_goes_at_exit(bootstrap, topic_fact
     ready_file.write_text("stale, from a worker killed earlier")
     running = Running(
         "worker", "--config", write_config(tmp_path, sow_yaml(topic)),
-        "--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0",
-        "--ready-file", str(ready_file), bootstrap=bootstrap,
+        "--state-dir", "state", "--listen", "127.0.0.1:0",  # relative to the worker's cwd
+        "--ready-file", str(ready_file), bootstrap=bootstrap, cwd=tmp_path,
     )  # fmt: skip
     try:
         line = running.wait_for("worker ready: ")
         info = orjson.loads(ready_file.read_bytes())
         assert info["pid"] == running.process.pid and info["admin"] is None
+        # absolute, so a reader in another directory finds it (it was "state", as given)
+        assert info["state_dir"] == str((tmp_path / "state").resolve())
+        assert f"state={info['state_dir']}" in line
         assert line.split("gateway=")[1].split()[0] == info["gateway"]  # a naive parse works
         with Client("ready-reader") as client:
             client.connect(info["gateway"])
