@@ -68,7 +68,11 @@ _OFFSET = struct.Struct(">q")
 # seconds: a dead worker's open transaction is aborted after it; a seed (Changelog.seed)
 # must commit within it
 TRANSACTION_TIMEOUT = 60.0
-COMMIT_TIMEOUT = TRANSACTION_TIMEOUT  # seconds a batch waits for its transaction's commit
+COMMIT_TIMEOUT = TRANSACTION_TIMEOUT  # seconds a seed (a whole store) waits for its commit
+# seconds a loop turn's transaction (and its start, its abort) may take: the worker's loop
+# waits on it, so a commit Kafka can't finish (its changelog topic deleted by hand under
+# it: 60 s before) fails at this bound, and its partitions are held and tried again
+TURN_TIMEOUT = 10.0
 RESTORE_BATCH = 10_000  # changelog records loaded into the store per write
 CHECK_EVERY = 5.0  # seconds between two looks at whether a changelog topic was deleted
 Entry = tuple[bytes, bytes | None]  # raw SOW key, record as stored (None: deleted)
@@ -236,11 +240,14 @@ class Changelog:
         next_offset: int | None,
         member: Consumer,
         consumed: str,
+        timeout: float = TURN_TIMEOUT,
     ) -> None:
         """One store's batch in a transaction of its own (send_all)."""
-        self.send_all([(store, changes, next_offset, consumed)], member)
+        self.send_all([(store, changes, next_offset, consumed)], member, timeout)
 
-    def send_all(self, batches: list[Batch], member: Consumer) -> None:
+    def send_all(
+        self, batches: list[Batch], member: Consumer, timeout: float = TURN_TIMEOUT
+    ) -> None:
         """Write batches' changes and the log offsets they bring their stores to in one
         transaction (the worker sends every partition of a loop turn together: a commit is
         a round trip to the coordinator and each partition's leader); returns once Kafka
@@ -252,17 +259,17 @@ class Changelog:
         has dropped (a zombie, whose partitions another worker now owns) can't commit a
         batch any more (Kafka's KIP-447).
         """
-        producer = self._begin()
+        producer = self._begin(timeout)
         try:
             offsets = [self._produce_batch(producer, *batch) for batch in batches]
             positions = [tp for tp in offsets if tp is not None]
             if positions:
                 metadata = member.consumer_group_metadata()
-                producer.send_offsets_to_transaction(positions, metadata, COMMIT_TIMEOUT)
-            producer.commit_transaction(COMMIT_TIMEOUT)
+                producer.send_offsets_to_transaction(positions, metadata, timeout)
+            producer.commit_transaction(timeout)
         except (KafkaException, BufferError) as exc:
             self.failures += 1
-            self._abort(exc)
+            self._abort(exc, timeout)
             names = ", ".join(f"{b[0].topic}|{b[0].partition}" for b in batches)
             raise ChangelogFailed(f"changelog of {names} not written ({exc}): it waits") from exc
 
@@ -307,30 +314,30 @@ class Changelog:
                 yield key, None
 
         log.info("copying %s|%s into its changelog", store.topic, store.partition)
-        self.send(store, snapshot(), store.next_offset(), member, consumed)
+        self.send(store, snapshot(), store.next_offset(), member, consumed, COMMIT_TIMEOUT)
         store.mark_changelogged(self.ids[store.topic])
 
     def close(self) -> None:
-        self._producer.flush(COMMIT_TIMEOUT)
+        self._producer.flush(TURN_TIMEOUT)
 
-    def _begin(self) -> Producer:
+    def _begin(self, timeout: float) -> Producer:
         try:
             if not self._ready:
-                self._producer.init_transactions(COMMIT_TIMEOUT)
+                self._producer.init_transactions(timeout)
                 self._ready = True
             self._producer.begin_transaction()
         except KafkaException as exc:
             raise ChangelogFailed(f"changelog transaction not started: {exc}") from exc
         return self._producer
 
-    def _abort(self, exc: BaseException) -> None:
+    def _abort(self, exc: BaseException, timeout: float) -> None:
         """Abort a failed transaction, or fail the worker when it can't go on (fenced by
         a newer run with the same instance id: two workers would write one changelog)."""
         error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
         if isinstance(error, KafkaError) and error.fatal():
             raise TransportError(f"changelog producer failed for good: {error.str()}") from exc
         try:
-            self._producer.abort_transaction(COMMIT_TIMEOUT)
+            self._producer.abort_transaction(timeout)
         except KafkaException as abort_error:
             # e.g. a commit that timed out (its topic deleted) is still under way, and
             # every later call would conflict with it: a new producer with the same

@@ -20,6 +20,7 @@ from amps_on_kafka.config import Config, load_config
 from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.log.kafka import admin_client, end_offsets, reader
 from amps_on_kafka.processor.changelog import (
+    TURN_TIMEOUT,
     Changelog,
     ChangelogFailed,
     changelog_topic,
@@ -367,6 +368,27 @@ def test_a_changelog_deleted_by_hand_is_noticed_and_filled_again(
     caught_up(fresh, bootstrap, sow_topic)
     assert fresh.applied == 0 and fresh.changelog_lost == 0
     assert held(fresh, sow_topic) == expected
+
+
+@pytest.mark.timing
+def test_a_changelog_deleted_under_open_transactions_holds_the_loop_a_turn_timeout_not_a_minute(
+    bootstrap, sow_topic, client, run_worker, tmp_path
+):
+    """The changelog topic deleted while the loop commits batches to it: a commit Kafka
+    can't finish held the worker's loop 30-60 s (no partition applied, a stop waiting);
+    it now fails after TURN_TIMEOUT, the topic is created again, and every record goes in."""
+    config, group = config_of(sow_topic, bootstrap), f"g-{uuid.uuid4().hex[:8]}"
+    worker = run_worker(config, tmp_path / "state", group)
+    delete_topics(bootstrap, [changelog_topic(group, sow_topic)])
+    deadline, sent = time.monotonic() + 1.5 * TURN_TIMEOUT, 0  # Kafka fails it at 20-60 s
+    while worker_view(worker)["changelog_failures"] == 0:  # the loop turns again
+        assert time.monotonic() < deadline, "a commit held the loop beyond TURN_TIMEOUT"
+        client.publish(sow_topic, {"id": sent, "v": sent})
+        client.publish_flush(10)
+        sent += 1
+        time.sleep(0.05)
+    caught_up(worker, bootstrap, sow_topic)
+    assert sorted(held(worker, sow_topic), key=int) == [str(i) for i in range(sent)]
 
 
 def publish_range(client, topic: str, start: int, end: int) -> None:
