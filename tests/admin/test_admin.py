@@ -102,7 +102,7 @@ def traffic(operated: Operated) -> Metrics:
     return during
 
 
-def test_every_metric_moves_the_right_way(operated: Operated):
+def test_every_metric_moves_the_right_way(operated: Operated, caplog):
     before = operated.scrape()
     during = traffic(operated)
     ends = end_offsets(operated.worker.bootstrap, operated.topic)
@@ -139,6 +139,11 @@ def test_every_metric_moves_the_right_way(operated: Operated):
     assert during("amps_queue_depth", queue=queue) >= 0
     assert after("amps_queue_depth", queue=queue) == 0
     assert after("amps_worker_up") == 1
+    # the anomalies, each logged once with its context
+    [dead] = [r for r in caplog.records if getattr(r, "event", None) == "dead_letter"]
+    assert (dead.queue, dead.dead_letter_topic) == (queue, f"{queue}-dead")
+    [skipped] = [r for r in caplog.records if getattr(r, "event", None) == "skipped"]
+    assert (skipped.topic, skipped.partition, skipped.reason) == (topic, 0, "bad_record")
 
 
 def _settled(operated: Operated, ends: dict[int, int]) -> Metrics | None:

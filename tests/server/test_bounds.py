@@ -79,9 +79,10 @@ def on_loop(gateway: Gateway, work: Callable[[], object]) -> object:
 
 
 def test_max_connections_refuses_with_a_reason_and_serves_again_after_a_close(
-    gateway_with, wire_to
+    gateway_with, wire_to, caplog
 ):
-    """Defect 7: there was no limit on connections."""
+    """Defect 7: there was no limit on connections. The refusal is logged once, with
+    the peer and the limit (issue 16)."""
     gateway = gateway_with(max_connections=2)
     first, second = wire_to(gateway.address), wire_to(gateway.address)
     assert first.logon("first").header["status"] == "success"
@@ -90,6 +91,8 @@ def test_max_connections_refuses_with_a_reason_and_serves_again_after_a_close(
     assert closing_reason(third) == (
         "too many connections: this gateway serves at most 2 (MaxConnections)"
     )
+    [refused] = [r for r in caplog.records if getattr(r, "event", None) == "connection_refused"]
+    assert refused.limit == 2 and refused.peer[0] == "127.0.0.1"
     first.close()
     assert second.is_closed(timeout=0.2) is False  # the others are untouched
     retry = wire_to(gateway.address)

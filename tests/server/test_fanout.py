@@ -108,7 +108,9 @@ def test_oof_expired_and_deleted_only_for_records_that_matched(direct, wire):
     assert wire.request({"c": "sow", "cid": "fence", "t": TOPIC}).header["c"] == "group_begin"
 
 
-def test_a_subscriber_that_does_not_read_is_disconnected_and_others_go_on(direct, wire, wire_to):
+def test_a_subscriber_that_does_not_read_is_disconnected_and_others_go_on(
+    direct, wire, wire_to, caplog
+):
     source, gateway = direct
     wire.send({"c": "subscribe", "cid": "s", "t": TOPIC, "a": "processed"})
     assert is_ack(wire.recv(), "processed")
@@ -123,6 +125,8 @@ def test_a_subscriber_that_does_not_read_is_disconnected_and_others_go_on(direct
     assert is_ack(other.request({"c": "heartbeat", "cid": "hb"}), "heartbeat")
     assert wire.is_closed()
     assert gateway.stats.slow_consumers == 1  # what amps_gateway_slow_consumers_total shows
+    [logged] = [r for r in caplog.records if getattr(r, "event", None) == "slow_consumer"]
+    assert logged.subscriptions == 1 and logged.peer[0] == "127.0.0.1"  # once, with context
 
 
 def test_a_subscription_whose_filter_cannot_keep_up_is_failed_and_the_others_go_on(
