@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,26 +109,34 @@ def eventually(
         raise AssertionError(f"{what} not reached after {timeout}s")
 
 
-def event_records(engine: QueueEngine, queue: str) -> list[list[QueueEvent]]:
+def event_records(engine: QueueEngine, queue: str, timeout: float = 20.0) -> list[list[QueueEvent]]:
     """Every record of a queue's events topic, decoded, once every event the engine has
-    recorded so far is durable in Kafka."""
-    with engine.lock:  # what the state holds but has not handed to Kafka yet goes first
+    recorded so far is durable in Kafka.
+
+    Read read_committed up to the events offset the runtime learned from its last commit
+    (`state.ev_next`), not up to the end Kafka reports: a read_committed reader's end is
+    the last stable offset, and Kafka writes a transaction's commit markers after
+    commit_transaction returns, so just after an ack is answered that end may still stop
+    before the ack's record (loaded runs read the topic empty so). Nothing needs
+    flushing first: every change of queue state ends in a settle, which produces it."""
+    with engine.lock:
         runtime = engine.runtimes[queue]
-        runtime.flush()
         durable = runtime.finish(None, None)
-    durable.result(20)
+    durable.result(timeout)
+    end = runtime.state.ev_next  # set before finish's waiters are released
     consumer = reader(engine.bootstrap, **{"isolation.level": "read_committed"})
     where = TopicPartition(events_topic(queue), 0)
+    deadline = time.monotonic() + timeout
     try:
-        _, high = consumer.get_watermark_offsets(where, timeout=10)
         consumer.assign([TopicPartition(where.topic, 0, 0)])
         records, position = [], 0
-        while position < high:
+        while position < end:
+            assert time.monotonic() < deadline, f"{where.topic} not readable to {end}"
             batch = consumer.consume(100, timeout=1)
-            for record in batch:
-                records.append(decode_events(record.value()))
-                position = record.offset() + 1
-            if not batch:  # the topic is written in transactions: their markers are skipped
+            records += [decode_events(r.value()) for r in batch if r.offset() < end]
+            if batch:
+                position = batch[-1].offset() + 1
+            else:  # offsets of commit and abort markers are read past, never returned
                 position = max(position, consumer.position([where])[0].offset)
         return records
     finally:

@@ -9,11 +9,12 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from amps_on_kafka.config import Config
@@ -24,6 +25,7 @@ from amps_on_kafka.processor import queue_runtime
 from amps_on_kafka.processor.queue_recovery import GROUP_PREFIX
 from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.queues import QueueEngine
+from amps_on_kafka.state.queue_store import encode_events
 from amps_on_kafka.state.queue_types import EventKind
 from tests.conftest import create_topic, delete_topics
 from tests.queues.conftest import Inbox
@@ -117,6 +119,34 @@ def test_an_ack_is_answered_only_once_it_is_durable_in_the_queue_events_topic(
         if e.kind is EventKind.REMOVE
     }
     assert set(bookmarks) <= removed
+
+
+def test_event_records_reads_what_the_engine_committed_past_the_last_stable_offset(
+    queue_config, engines, publisher, bootstrap
+):
+    """Kafka writes a transaction's commit markers after commit_transaction returns, so
+    a read_committed reader's end (the last stable offset) can still stop before an ack
+    already answered: loaded runs read the events topic empty so. Another transaction
+    left open before the ack's holds that end back here for as long as the test wants;
+    event_records must wait to read the ack's record, not return without it."""
+    config = queue_config()
+    queue = config.queues[0].name
+    engine = engines(config)
+    inbox = Inbox()
+    engine.subscribe(queue, inbox, session="s1", sub_id="sub1")
+    publish(publisher, queue, [1])
+    [message] = inbox.wait_for(1)
+    other = Producer({"bootstrap.servers": bootstrap, "transactional.id": uuid.uuid4().hex})
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(events_topic(queue), encode_events([]), partition=0)
+    other.flush(10)
+    assert engine.ack(queue, [message.bookmark], "s1").result(10).acked == 1
+    with pytest.raises(AssertionError, match="not readable to"):
+        event_records(engine, queue, timeout=1)  # the ack's record is behind the open one
+    other.commit_transaction(10)
+    removed = ["{}|{}|{}|".format(*e.id) for r in event_records(engine, queue) for e in r]
+    assert removed == [message.bookmark]
 
 
 def test_a_lease_that_runs_out_returns_the_message_for_redelivery(queue_config, engines, publisher):

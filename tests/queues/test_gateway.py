@@ -4,7 +4,6 @@ broken by a disconnect, publishes to a queue's name, and the Worker hook."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import orjson
@@ -68,12 +67,10 @@ def test_client_batches_acks_into_one_sow_delete(serve, clients, queue_config):
         for message in take(stream, 3):
             message.ack()
         eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 0)
-    deadline = time.monotonic() + 20  # loaded CI runs read the topic empty at first
-    while not (records := event_records(served.engine, served.queue)):
-        assert time.monotonic() < deadline, "no events record became readable"
+    records = event_records(served.engine, served.queue)
     removes = [sum(e.kind.value == "remove" for e in r) for r in records]
-    # one record, one sow_delete, three bookmarks (the record may carry other events: a
-    # batch of the turn's changes; a CI run under load once found no all-remove record)
+    # one record, one sow_delete, three bookmarks (a loaded run may add records without
+    # removes: after a stalled turn an empty one proves the fence before deliveries)
     assert [n for n in removes if n] == [3], records
 
 
