@@ -91,7 +91,8 @@ class UserEntitlements:
 
     def check_write(self, command: str, topic: str) -> None:
         if not self.may_write(topic):
-            raise Denied(f"not entitled: user {self.user!r} may not {command} to {topic!r}")
+            where = "from" if command == "sow_delete" else "to"
+            raise Denied(f"not entitled: user {self.user!r} may not {command} {where} {topic!r}")
 
     def check_read(self, command: str, topic: str) -> ReadAccess:
         access = self.read(topic)
