@@ -28,6 +28,7 @@ from tests.security.gateway_fixtures import (
     FAILURE_DELAY,
     PASSWORDS,
     PEER_SECRET,
+    WAIT,
     Secured,
     TlsWire,
     secured,
@@ -268,6 +269,23 @@ def test_entitled_users_work_over_tls_and_see_only_their_records(secured: Secure
         assert set(ids) <= {m.data["id"] for m in bob.sow(secured.orders, timeout=10)}
         [rates] = bob.sow(secured.orders, f"/id = '{ids[1]}'", timeout=10)
         assert rates.data["desk"] == "rates"
+
+
+def test_a_live_subscription_delivers_only_entitled_records(secured: Secured) -> None:
+    """A record published outside alice's entitled set never reaches her subscription:
+    the rates record published first, the fx one after it, and she gets the fx one."""
+    marker = uuid.uuid4().hex[:6]
+    with Client("alice-live") as alice, Client("carol-live") as carol:
+        alice.connect(secured.uri("alice"))
+        alice.logon(timeout=10)
+        carol.connect(secured.uri(cert="carol"))
+        carol.logon(timeout=10)
+        with alice.subscribe(secured.orders, f"/id LIKE '{marker}'") as stream:
+            for desk in ("rates", "fx"):
+                carol.publish(secured.orders, {"id": f"l-{marker}-{desk}", "desk": desk})
+            carol.publish_flush(10)
+            first = stream.next(timeout=WAIT)
+            assert first is not None and first.data["desk"] == "fx"
 
 
 def test_a_replay_shows_only_entitled_records(secured: Secured) -> None:
