@@ -18,6 +18,7 @@ import orjson
 from amps_on_kafka.cli.common import cli_client_name, reports_errors
 from amps_on_kafka.cli.replay import iso_time
 from amps_on_kafka.client import Client, Message
+from amps_on_kafka.client.base import MAX_COUNT
 from amps_on_kafka.client.uri import shown
 
 DEFAULT_SERVER = "tcp://127.0.0.1:9007/amps/json"
@@ -39,7 +40,9 @@ filter_option = click.option(
 @click.argument("topic")
 @filter_option
 @click.option("--order-by", default=None, help='e.g. "/qty DESC, /id".')
-@click.option("--top-n", type=click.IntRange(min=0), default=None, help="Only the first N records.")
+@click.option(
+    "--top-n", type=click.IntRange(0, MAX_COUNT), default=None, help="Only the first N records."
+)
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=100, show_default=True)
 @server_option
 @reports_errors

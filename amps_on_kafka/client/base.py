@@ -494,12 +494,17 @@ def _query(client: ClientBase, c: Command, *, groups: bool = False) -> MessageSt
     )
 
 
+MAX_COUNT = 2**63 - 1  # the largest count a frame's header can carry (a signed 64-bit int)
+
+
 def check_query(top_n: object, batch_size: object, options: str | None = None) -> None:
     """A query's arguments, checked before sending as the gateway would check them, so a
     bad one is the same error on every client: ValueError (OptionError for options)."""
     for name, value in (("top_n", top_n), ("batch_size", batch_size)):
         if value is not None and (type(value) is not int or value < 0):
             raise ValueError(f"{name} must be a whole number >= 0 or None, not {value!r}")
+        if value is not None and value > MAX_COUNT:  # was orjson's TypeError, sending it
+            raise ValueError(f"{name} must be at most {MAX_COUNT} (64 bits), not {value!r}")
     given = {word.strip() for word in (options or "").split(",")} - {""}
     if given - QUERY_OPTIONS:
         unknown = ", ".join(sorted(given - QUERY_OPTIONS))

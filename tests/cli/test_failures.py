@@ -549,6 +549,7 @@ def test_an_unknown_topic_is_one_line_for_every_command(bootstrap, args):
         (("topics", "create"), 2, "give either NAME or --config FILE"),
         (("log", "retention", "t", "soon"), 1, "not a duration"),
         (("sow", "t", "--server", "nonsense"), 1, "unknown scheme"),
+        (("sow", "t", "--top-n", str(2**64)), 2, "Invalid value for '--top-n'"),  # a traceback
         (("sow", "t", "--server", "tcp://127.0.0.1:{port}/amps/json"), 1, "can't connect"),
         (("no-such-command",), 2, "No such command"),
     ],
