@@ -1,5 +1,6 @@
-"""`amps-kafka config`: check a configuration file before a worker meets it, and print
-the JSON Schema of the format (for editors and CI linters).
+"""`amps-kafka config`: check a configuration file before a worker meets it, print the
+JSON Schema of the format (for editors and CI linters), and write the example
+configuration (`config example`, for a user of the wheel, who has no clone's config/).
 
 `config check FILE` changes nothing and needs no Kafka: it lists every problem the file
 has, one per line, and exits 1 if there is any. With `--kafka` it also compares the file
@@ -10,6 +11,7 @@ changing nothing.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import click
@@ -109,6 +111,27 @@ def kafka_problems(parsed: Config, servers: str) -> list[str]:
         if not any(queue.views(name) for name in user_topics)
     ]
     return problems
+
+
+EXAMPLE_FILES = ("example.yaml", "schemas/trade.avsc")  # package data: amps_on_kafka/examples
+
+
+@config.command("example")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False), default="config")
+@reports_errors
+def example(directory: Path) -> None:
+    """Write the example configuration into DIRECTORY (default: config): example.yaml and
+    the Avro schema it names, so the README's tour runs from an installed wheel as from a
+    clone. A file already there is left alone and named (exit code 1)."""
+    source = resources.files("amps_on_kafka") / "examples"
+    targets = [directory / name for name in EXAMPLE_FILES]
+    present = [str(target) for target in targets if target.exists()]
+    if present:
+        raise click.ClickException(f"nothing written: already there: {', '.join(present)}")
+    for name, target in zip(EXAMPLE_FILES, targets, strict=True):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.joinpath(name).read_bytes())
+        click.echo(target)
 
 
 @config.command("schema")

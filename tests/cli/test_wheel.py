@@ -40,6 +40,8 @@ def test_the_wheel_carries_its_license_and_classifiers(wheel: Path) -> None:
         "amps_on_kafka/py.typed",
         "amps_on_kafka/admin/status.html",
         "amps_on_kafka/spark/log4j2.properties",  # the local Spark JVM's log config
+        "amps_on_kafka/examples/example.yaml",  # amps-kafka config example: the tour's
+        "amps_on_kafka/examples/schemas/trade.avsc",
     )
     for data in shipped:
         assert data in names, f"{data} missing from the wheel"
@@ -75,3 +77,28 @@ def test_the_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Pa
     )
     assert cli.returncode == 0, cli.stderr
     assert "worker" in cli.stdout
+
+
+def test_the_wheel_writes_the_example_config_the_tour_uses(wheel: Path, tmp_path: Path) -> None:
+    """The README's tour names config/example.yaml, which only a clone had."""
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "amps_on_kafka.cli", *args],
+            cwd=tmp_path,
+            env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    written = cli("config", "example")
+    assert written.returncode == 0, written.stderr
+    assert written.stdout.split() == ["config/example.yaml", "config/schemas/trade.avsc"]
+    checked = cli("config", "check", "config/example.yaml")  # its Avro schema found and read
+    assert checked.returncode == 0 and "valid (2 topics, 2 SOW" in checked.stdout, checked.stderr
+    again = cli("config", "example")
+    assert again.returncode == 1 and "nothing written: already there" in again.stderr
