@@ -519,6 +519,9 @@ class Config(_Strict):
         for sow in self.sow:
             if sow.topic not in names:
                 raise ValueError(f"SOW topic {sow.topic!r} is not one of Topics {names}")
+        sow_topics = [sow.topic for sow in self.sow]
+        if len(set(sow_topics)) != len(sow_topics):  # one would be ignored: which Key holds?
+            raise ValueError(f"SOW: a Topic appears twice in {sow_topics}")
         return self
 
     def topic(self, name: str) -> TopicConfig | None:

@@ -40,6 +40,10 @@ def test_the_shipped_example_loads():
             "SOW[0].Expiration",
         ),
         ("Topics:\n  - Name: o\nSOW:\n  - Topic: p\n    Key: /id\n", "SOW topic 'p'"),
+        (
+            "Topics: [{Name: o}]\nSOW: [{Topic: o, Key: /id}, {Topic: o, Key: /x}]\n",
+            "SOW: a Topic appears twice in ['o', 'o']",  # one was silently ignored
+        ),
         ("Topics:\n  - Name: o\n    MessageType: avro\n", "needs a Schema"),
         ("State:\n  WriteBufferBytes: 1000\n", "State.WriteBufferBytes"),
         ("State:\n  FlushEvery: soon\n", "State.FlushEvery"),
