@@ -35,7 +35,8 @@ def cli(*args: str, stdin: str | None = None):
 
 def test_the_tour_commands_work_over_sasl_ssl(secured_kafka):
     """`broker start --secure` printed what a client needs, password redacted; with
-    --kafka-config the tour's commands create, publish, list and replay. The file's
+    --kafka-config the tour's commands create, publish, list, replay, describe, resolve a
+    bookmark, show the log's extent and delete. The file's
     bootstrap.servers wins over $KAFKA_BOOTSTRAP_SERVERS (the plain test broker)."""
     assert "sasl.password=[redacted]" in secured_kafka.start_output
     assert str(secured_kafka.properties_file) in secured_kafka.start_output
@@ -53,6 +54,13 @@ def test_the_tour_commands_work_over_sasl_ssl(secured_kafka):
     assert replayed.exit_code == 0, replayed.output
     ids = sorted(orjson.loads(line)["data"]["id"] for line in replayed.stdout.splitlines())
     assert ids == list(range(5))
+    described = cli("topics", "describe", topic, *config)
+    assert "registered: 2 partitions, key /id" in described.stdout, described.output
+    resolved = cli("bookmark", "resolve", topic, "0", "--format", "json", *config)
+    assert sum(part["end"] for part in orjson.loads(resolved.stdout)) == 5, resolved.output
+    assert "retention.ms=" in cli("log", "info", topic, *config).stdout
+    deleted = cli("topics", "delete", topic, "--yes", *config)
+    assert deleted.exit_code == 0 and topic not in cli("topics", "list", *config).stdout
 
 
 def test_a_worker_and_the_client_api_over_sasl_ssl(secured_kafka, tmp_path, monkeypatch):
