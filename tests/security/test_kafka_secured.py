@@ -65,7 +65,8 @@ def test_the_tour_commands_work_over_sasl_ssl(secured_kafka):
 
 def test_a_worker_and_the_client_api_over_sasl_ssl(secured_kafka, tmp_path, monkeypatch):
     """The config's Kafka Properties (password from the environment) reach the worker's
-    every client; the client API publishes with kafka_config; the SOW is served. The
+    every client; the client API publishes with kafka_config, and through the gateway
+    (its producer); the SOW is served. The
     worker logs at DEBUG with librdkafka's security debugging on: no password in it.
     About 10 s: a worker process starting (imports, group join, recovery)."""
     monkeypatch.setenv(PASSWORD_ENV, secured_kafka.password)
@@ -92,6 +93,12 @@ def test_a_worker_and_the_client_api_over_sasl_ssl(secured_kafka, tmp_path, monk
         gateway = _await_ready(worker, ready_file)
         rows = _await_sow(gateway, topic, expected=3)
         assert sorted(row["id"] for row in rows) == [0, 1, 2]
+        with Client("secured-gateway-publisher") as client:  # the gateway's own producer
+            client.connect(gateway)
+            client.logon(timeout=CLEAR_ERROR)
+            client.publish(topic, {"id": 3, "qty": 3})
+            client.publish_flush(30)
+        assert len(_await_sow(gateway, topic, expected=4)) == 4
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
