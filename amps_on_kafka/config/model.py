@@ -185,6 +185,17 @@ def check_listen(address: str) -> str:
     return address
 
 
+def same_port(a: str, b: str) -> bool:
+    """Whether two checked HOST:PORT addresses would bind the same port (port 0 picks a
+    free one each time; an empty HOST is 127.0.0.1; 0.0.0.0 and :: take every host)."""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    if int(port_a) == 0 or int(port_a) != int(port_b):
+        return False
+    everywhere = ("0.0.0.0", "::", "[::]")
+    host_a, host_b = host_a or "127.0.0.1", host_b or "127.0.0.1"
+    return host_a == host_b or host_a in everywhere or host_b in everywhere
+
+
 class TLSConfig(_Strict):
     """The gateway's TLS (docs/security.md): its certificate and key, and the CA that signs
     the client certificates it accepts. Paths are relative to the configuration file."""
@@ -522,6 +533,18 @@ class Config(_Strict):
         sow_topics = [sow.topic for sow in self.sow]
         if len(set(sow_topics)) != len(sow_topics):  # one would be ignored: which Key holds?
             raise ValueError(f"SOW: a Topic appears twice in {sow_topics}")
+        return self
+
+    @model_validator(mode="after")
+    def _admin_port_is_not_the_gateways(self) -> Config:
+        """One worker binds both: the same address failed its start with the gateway's
+        'address already in use', its own admin port holding it."""
+        admin = self.admin.listen
+        if admin is not None and same_port(admin, self.gateway.listen):
+            raise ValueError(
+                f"Admin.Listen {admin!r} takes the port of Gateway.Listen "
+                f"{self.gateway.listen!r}: give the admin port another"
+            )
         return self
 
     def topic(self, name: str) -> TopicConfig | None:

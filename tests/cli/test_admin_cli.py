@@ -224,3 +224,27 @@ def test_ping_says_clearly_when_no_gateway_answers():
         assert f"Error: no reply from the gateway at 127.0.0.1:{port}" in result.output
     refused = CliRunner().invoke(main, ["ping", "--server", f"tcp://127.0.0.1:{port}/amps/json"])
     assert refused.exit_code == 1 and "can't connect to the gateway" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("admin", "gateway", "clash"),
+    [
+        ("127.0.0.1:9007", None, True),  # the gateway's default
+        ("0.0.0.0:9100", ":9100", True),
+        (":9100", "127.0.0.1:9100", True),
+        ("127.0.0.1:9100", "127.0.0.2:9100", False),
+        ("127.0.0.1:0", "127.0.0.1:0", False),  # each picks a free port
+    ],
+)
+def test_config_check_refuses_an_admin_port_on_the_gateways(tmp_path, admin, gateway, clash):
+    """The worker bound its admin port first, then failed: 'gateway can't listen on ...:
+    address already in use', its own admin port holding the address."""
+    file = tmp_path / "c.yaml"
+    listen = f"\nGateway: {{Listen: '{gateway}'}}" if gateway else ""
+    file.write_text(
+        f"Topics: [{{Name: t}}]\nSOW: [{{Topic: t, Key: /id}}]\n"
+        f"Admin: {{Listen: '{admin}'}}{listen}\n"
+    )
+    result = CliRunner().invoke(main, ["config", "check", str(file)])
+    assert (result.exit_code == 1) == clash, result.output
+    assert ("takes the port of Gateway.Listen" in result.output) == clash
