@@ -4,11 +4,14 @@ broken by a disconnect, publishes to a queue's name, and the Worker hook."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import uuid
 
 import orjson
 import pytest
 
+from amps_on_kafka import AsyncClient
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import MessageError, PublishError, ServerError
 from amps_on_kafka.log.registry import TopicSpec
@@ -364,3 +367,28 @@ def test_bad_queue_commands_fail_with_a_reason_and_the_queue_keeps_serving(
         client.publish(served.queue, {"n": 1})
         client.publish_flush()
         assert [m.data for m in take(stream, 1)] == [{"n": 1}]
+
+
+def test_message_ack_in_an_async_client_is_a_plain_call_that_takes_effect(
+    serve, clients, queue_config
+):
+    """docs/queues.md: with an AsyncClient, message.ack() is not a coroutine (nothing to
+    await, so nothing is left un-awaited) and returns without waiting for the gateway;
+    the awaitable calls are flush_acks() and client.ack(...)."""
+    served = serve(queue_config(LeasePeriod="20s"))
+
+    async def run() -> None:
+        async with (
+            AsyncClient(client=clients(served)) as aclient,
+            await aclient.subscribe(served.queue) as stream,
+        ):
+            await aclient.publish(served.queue, {"n": 1})
+            await aclient.publish_flush()
+            message = await stream.next(30)
+            assert message is not None and message.lease_period is not None
+            outcome = message.ack()
+            assert outcome is None and not inspect.isawaitable(outcome)
+            await aclient.flush_acks()
+            eventually(served.engine, lambda: served.engine.runtimes[served.queue].state.depth == 0)
+
+    asyncio.run(run())
