@@ -214,7 +214,8 @@ def _client(session: Session) -> dict[str, Any]:
     host, port = (session.peer or ("?", 0))[:2]
     return {
         "name": session.client_name,
-        "user": getattr(session, "user", None),  # set once the gateway authenticates
+        # who logged on, once the gateway authenticates (None before the logon)
+        "user": session.identity.user if session.identity is not None else None,
         "address": f"{host}:{port}",
         "subscriptions": sorted(session.subscriptions),
         **vars(session.traffic),

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from amps_on_kafka.admin import AdminServer, BasicAuth, not_ready
+from amps_on_kafka.admin import AdminServer, BasicAuth, Sources, not_ready
 from amps_on_kafka.cli import main
 from amps_on_kafka.client import Client
 from amps_on_kafka.config import Config
@@ -28,6 +28,7 @@ from amps_on_kafka.config.model import AdminConfig
 from amps_on_kafka.log.kafka import end_offsets
 from amps_on_kafka.security.policy import Security
 from amps_on_kafka.security.users import UsersFile
+from amps_on_kafka.server.gateway import Gateway
 from tests.admin.conftest import Metrics, Operated, until
 
 EVERY_METRIC = {
@@ -320,6 +321,30 @@ def test_the_port_asks_for_what_the_gateway_asks(operated: Operated, tmp_path):
     anonymous = Config.model_validate({"Authentication": {"Anonymous": True}})
     with AdminServer(sources, settings, authorize=BasicAuth(Security.from_config(anonymous))) as a:
         assert _status(f"http://{a.address}/admin").code == 200
+
+
+def test_the_clients_table_names_the_user_each_logged_on_as(operated: Operated, tmp_path):
+    """With authentication, each client's `user` is who it logged on as (the view read
+    an attribute sessions don't have, and showed no user)."""
+    users = tmp_path / "users"
+    UsersFile(users).add("ops", "s3cret-pass")
+    secured = Config.model_validate(
+        {"Authentication": {"UsersFile": str(users), "FailureDelay": "0s"}}
+    )
+    worker = operated.worker
+    gateway = Gateway(
+        worker.engine, worker.bootstrap, listen="127.0.0.1:0",
+        security=Security.from_config(secured),
+    )  # fmt: skip
+    gateway.start()
+    try:
+        with Client("ops-console") as client:
+            client.connect(f"tcp://ops:s3cret-pass@{gateway.address}/amps/json")
+            client.logon()
+            clients = Sources(worker, gateway).view()["clients"]
+        assert [(c["name"], c["user"]) for c in clients] == [("ops-console", "ops")]
+    finally:
+        gateway.stop()
 
 
 def _status(url: str, user: tuple[str, str] | None = None):
