@@ -7,6 +7,7 @@ topic, sow_key, timestamp, data (and reason, for oof messages).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterable
@@ -98,6 +99,14 @@ def _idle_seconds(value: float | None) -> float | None:
     return value
 
 
+def _answer_seconds(value: float) -> float:
+    """A usage error: NaN passed click's FloatRange and `inf` overflowed the client's
+    wait, each a traceback."""
+    if not 0 < value < math.inf:
+        raise click.BadParameter(f"{value} is not a finite number of seconds above 0")
+    return value
+
+
 @click.command("sow-delete")
 @click.argument("topic")
 @filter_option
@@ -128,9 +137,10 @@ def sow_delete(topic, filter_text, keys, server) -> None:
 @server_option
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     default=5.0,
     show_default=True,
+    callback=lambda _ctx, _param, value: _answer_seconds(value),
     help="Seconds to wait for each answer.",
 )
 @reports_errors

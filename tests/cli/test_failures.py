@@ -550,6 +550,8 @@ def test_an_unknown_topic_is_one_line_for_every_command(bootstrap, args):
         (("log", "retention", "t", "soon"), 1, "not a duration"),
         (("sow", "t", "--server", "nonsense"), 1, "unknown scheme"),
         (("sow", "t", "--top-n", str(2**64)), 2, "Invalid value for '--top-n'"),  # a traceback
+        (("ping", "--timeout", "inf"), 2, "inf is not a finite number of seconds above 0"),
+        (("ping", "--timeout", "nan"), 2, "nan is not a finite number of seconds above 0"),
         (("sow", "t", "--server", "tcp://127.0.0.1:{port}/amps/json"), 1, "can't connect"),
         (("no-such-command",), 2, "No such command"),
     ],
