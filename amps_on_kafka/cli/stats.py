@@ -160,11 +160,20 @@ def _or_dash(value: Any) -> Any:
     return "-" if value is None else value
 
 
+def _printable(text: str) -> str:
+    """Control characters escaped (`\\x1b`, `\\n`): a subscription's filter or sub_id is
+    what a client sent, and printed raw it could move the cursor or recolour the
+    operator's terminal, or break the table's lines."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def table(headers: list[str], rows: list[Sequence[Any]]) -> str:
     """Columns padded to their widest cell; `(none)` for an empty table."""
     if not rows:
         return "  (none)"
-    cells = [headers, *([str(v) for v in row] for row in rows)]
+    cells = [headers, *([_printable(str(v)) for v in row] for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))

@@ -227,6 +227,19 @@ def test_admin_view_and_the_stats_command(operated: Operated):
     assert gateway.exit_code == 2 and "is not an admin port's URL" in gateway.output
 
 
+def test_stats_escapes_what_a_client_sent(operated: Operated):
+    """A filter (or sub_id) is the client's text: `stats` prints its control characters
+    escaped, so a client can't clear or recolour the operator's terminal."""
+    with Client("admin-escapes") as client:
+        client.connect(operated.uri)
+        client.logon()
+        with client.subscribe(operated.topic, "/n = 'a\x1b[2J\nb'", sub_id="x\x1b[31m", timeout=5):
+            shown = CliRunner().invoke(main, ["stats", "--server", operated.url])
+    assert shown.exit_code == 0, shown.output
+    assert "\x1b" not in shown.output
+    assert "x\\x1b[31m" in shown.output and "a\\x1b[2J\\nb" in shown.output
+
+
 def test_applied_offsets_are_committed_for_kafkas_lag_tools(operated: Operated):
     """Kafka's own view of the worker's group (what kafka-consumer-groups shows): the
     committed offsets reach the log end once the stores have flushed."""
