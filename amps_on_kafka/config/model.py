@@ -547,6 +547,18 @@ class Config(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _client_certificates_need_a_ca(self) -> Config:
+        """Without Gateway.TLS.CA the gateway asks for no client certificate, so
+        ClientCertificate would let nobody in, and say nothing."""
+        tls = self.gateway.tls
+        if self.authentication.client_certificate and (tls is None or tls.ca is None):
+            raise ValueError(
+                "Authentication.ClientCertificate needs Gateway.TLS with a CA (the CA that "
+                "signs the client certificates)"
+            )
+        return self
+
     def topic(self, name: str) -> TopicConfig | None:
         return next((t for t in self.topics if t.name == name), None)
 

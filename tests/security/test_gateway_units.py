@@ -184,6 +184,13 @@ def test_entitlements_add_up_over_roles_regexes_and_filters() -> None:
         ),
         ({"Entitlements": {"Roles": {"r": {"Roles": ["r"]}}}}, "can't have Roles"),
         ({"Authentication": {"Anonymus": True}}, "Anonymus"),
+        (
+            {
+                "Gateway": {"TLS": {"Certificate": "c", "Key": "k"}},
+                "Authentication": {"ClientCertificate": True},
+            },
+            "ClientCertificate needs Gateway.TLS with a CA",
+        ),
     ],
 )
 def test_bad_security_config_is_refused_naming_the_key(section: dict, message: str) -> None:
