@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from amps_on_kafka.admin.rates import HISTORY, RateHistory
 from amps_on_kafka.protocol.frames import count_frames, encode_frame
 from amps_on_kafka.server.stats import LATENCY_BUCKETS, Latencies
 
@@ -28,3 +32,32 @@ def test_latencies_are_a_cumulative_histogram(durations):
     for bound, count in buckets:
         assert count == sum(1 for d in durations if d <= bound)
     assert abs(latencies.sum - sum(durations)) < 1e-6
+
+
+def test_the_status_pages_history_keeps_its_last_samples_only():
+    """RateHistory's ring (docs/operations.md, Bounds: 300 samples): however long the
+    worker runs, it holds `size` samples, and their rates come from consecutive pairs."""
+    calls = itertools.count(1)
+    enough = threading.Event()
+
+    def view() -> dict:
+        n = next(calls)
+        if n >= 20:
+            enough.set()
+        return {
+            "worker": {"applied": n * 10},
+            "sow_topics": [{"lag": 1}],
+            "queues": [{"depth": 2}],
+            "gateway": None,
+        }
+
+    history = RateHistory(view, every=0.001, size=5)
+    history.start()
+    try:
+        assert enough.wait(10)
+    finally:
+        history.stop()
+    points = history.points()
+    assert len(points) == 4  # pairs of the 5 samples kept
+    assert all(p["applied_per_second"] > 0 and p["lag"] == 1 for p in points)
+    assert RateHistory(view).points() == [] and HISTORY == 300
