@@ -25,7 +25,7 @@ from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.log.topics import conflicts_with_kafka, spec_from_config
 from amps_on_kafka.processor.dead_letters import dead_letter_topics
 from amps_on_kafka.processor.startup import check_serves_something
-from amps_on_kafka.security.policy import file_problems
+from amps_on_kafka.security.policy import file_problems, no_logon_note
 
 
 @click.group("config")
@@ -59,6 +59,8 @@ def check(file: Path, with_kafka: bool, bootstrap: str | None) -> None:
         check_serves_something(parsed, str(file))
     except AmpsError as exc:  # fine for `topics create --config`, not for a worker
         click.echo(f"note: {exc.reason}", err=True)
+    if (note := no_logon_note(parsed)) is not None:
+        click.echo(f"note: {note}", err=True)
     click.echo(
         f"{file}: valid ({len(parsed.topics)} topics, {len(parsed.sow)} SOW, "
         f"{len(parsed.queues)} queues{', checked with Kafka' if with_kafka else ''})"

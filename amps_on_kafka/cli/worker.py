@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -98,11 +99,13 @@ def worker(
 def _check_security_files(config: Config, config_file: Path) -> None:
     """TLS files and the users file, checked before recovery (which may take minutes):
     the gateway would meet them only once it serves."""
-    from amps_on_kafka.security.policy import file_problems
+    from amps_on_kafka.security.policy import file_problems, no_logon_note
 
     problems = file_problems(config)
     if problems:
         raise ConfigError(f"{config_file}: {'; '.join(problems)}")
+    if (note := no_logon_note(config)) is not None:
+        logging.getLogger(__name__).warning("%s", note)
 
 
 def _raise_on_signals() -> threading.Event:

@@ -92,3 +92,15 @@ def file_problems(config: Config) -> list[str]:
         except ConfigError as exc:
             problems.append(f"Authentication.UsersFile: {exc.reason}")
     return problems
+
+
+def no_logon_note(config: Config) -> str | None:
+    """What an operator should hear when the configuration lets nobody log on (no
+    Authentication section: the secure default), or None."""
+    auth = config.authentication
+    if auth.anonymous or auth.users_file is not None or auth.client_certificate:
+        return None
+    return (
+        "no user can log on to the gateway: the configuration's Authentication names no "
+        "UsersFile, ClientCertificate or Anonymous (docs/security.md)"
+    )

@@ -238,6 +238,20 @@ def test_missing_or_damaged_security_files_are_found_before_the_worker_waits(
     assert "users.txt, line 1: not `name:argon2-hash`" in checked.output
 
 
+def test_a_config_nobody_may_log_on_with_is_pointed_out(tmp_path: Path) -> None:
+    """No Authentication is the secure default, and a surprise to whoever forgot it:
+    config check notes it, and the worker warns before it waits for anything."""
+    config = tmp_path / "worker.yaml"
+    config.write_text("Topics: [{Name: t}]\nSOW: [{Topic: t, Key: /id}]\n")
+    runner = CliRunner()
+    checked = runner.invoke(main, ["config", "check", str(config)])
+    assert checked.exit_code == 0 and "note: no user can log on" in checked.output
+    started = runner.invoke(main, ["worker", "--config", str(config), "-b", "127.0.0.1:1"])
+    assert "WARNING" in started.output and "no user can log on" in started.output
+    config.write_text(config.read_text() + "Authentication: {Anonymous: true}\n")
+    assert "no user can log on" not in runner.invoke(main, ["config", "check", str(config)]).output
+
+
 def test_users_cli_takes_passwords_from_stdin_never_from_argv(tmp_path: Path) -> None:
     path = str(tmp_path / "users.txt")
     runner = CliRunner()
