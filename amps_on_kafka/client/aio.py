@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.client import Client
@@ -40,6 +40,7 @@ MAX_PENDING = 1000  # messages a stream's pump hands to the loop ahead of the ap
 JOIN_TIMEOUT = 10.0  # seconds close() waits for a pump thread
 
 T = TypeVar("T")
+R = TypeVar("R")  # what a Command returns
 _END = object()
 log = logging.getLogger(__name__)
 
@@ -329,15 +330,22 @@ class AsyncClient:
         if sub_id == "all" or not (stopped or streams):
             await self._run(self.client.unsubscribe, sub_id)
 
-    async def execute(self, command: Command) -> Any:
+    @overload
+    async def execute(self, command: Command[MessageStream]) -> AsyncStream: ...
+    @overload
+    async def execute(self, command: Command[R]) -> R: ...
+
+    async def execute(self, command: Command[Any]) -> Any:
         """Client.execute; a command with a stream gives an AsyncStream."""
         return await self._execute(command, handled=False)
 
-    async def _execute(self, command: Command, *, handled: bool) -> Any:
+    async def _execute(self, command: Command[Any], *, handled: bool) -> Any:
         result = await self._run(self.client._execute, command, handled=handled)
         return self._wrap(result) if isinstance(result, MessageStream) else result
 
-    async def execute_async(self, command: Command, handler: Callable[[Message], object]) -> str:
+    async def execute_async(
+        self, command: Command[Any], handler: Callable[[Message], object]
+    ) -> str:
         """Client.execute_async for asyncio: `handler`, a function or an `async def`, runs on
         the event loop, one message at a time in order (a coroutine is awaited before the
         next message). Returns the command id (the sub_id of a subscription), which

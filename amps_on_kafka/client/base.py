@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from amps_on_kafka.client.bookmark_store import BookmarkStore
 from amps_on_kafka.client.command import Command
@@ -26,6 +26,7 @@ from amps_on_kafka.errors import OptionError
 from amps_on_kafka.log.message import Message
 from amps_on_kafka.log.publisher import FailedWrite
 
+R = TypeVar("R")
 STREAM_COMMANDS = frozenset({"sow", "subscribe", "sow_and_subscribe"})
 QUERY_OPTIONS = frozenset({"oof"})  # what a gateway's sow_and_subscribe takes
 
@@ -437,19 +438,20 @@ class ClientBase(ABC):
         """Round trip to the gateway; TransportError when it doesn't answer."""
 
     # -- commands ---------------------------------------------------------------------------
-    def execute(self, command: Command) -> Any:
+    def execute(self, command: Command[R]) -> R:
         """Run a Command with the method of the same name; returns what that returns (a
-        MessageStream for sow, subscribe and sow_and_subscribe)."""
-        return _EXECUTORS[command.command](self, command)
+        MessageStream for sow, subscribe and sow_and_subscribe; a type checker reads it
+        from the command's name)."""
+        return _EXECUTORS[command.command](self, command)  # type: ignore[no-any-return]
 
-    def _execute(self, command: Command, *, handled: bool) -> Any:
+    def _execute(self, command: Command[Any], *, handled: bool) -> Any:
         """execute; for a handler (`handled`), a query's stream keeps its group_begin and
         group_end: a handler has no end of iteration to learn the query ended from."""
         if handled and command.command == "sow":
             return _query(self, command, groups=True)
         return self.execute(command)
 
-    def execute_async(self, command: Command, handler: Handler) -> str:
+    def execute_async(self, command: Command[Any], handler: Handler) -> str:
         """Run a Command and give its messages to `handler` on a client thread; returns the
         command id (the sub_id of a subscription). A query (sow) delivers group_begin,
         the records, then group_end, its last message, as AMPS does. A command without a
@@ -463,18 +465,18 @@ class ClientBase(ABC):
         return command.sub_id or self._handlers.new_id()
 
 
-def _publish_kw(command: Command) -> dict[str, Any]:
+def _publish_kw(command: Command[Any]) -> dict[str, Any]:
     kw = {"sow_key": command.sow_key, "correlation_id": command.correlation_id}
     return {k: v for k, v in kw.items() if v is not None}
 
 
-def _topic(command: Command) -> str:
+def _topic(command: Command[Any]) -> str:
     if command.topic is None:
         raise ValueError(f"{command!r} needs a topic: call set_topic(...)")
     return command.topic
 
 
-def _subscribe(client: ClientBase, c: Command) -> MessageStream:
+def _subscribe(client: ClientBase, c: Command[Any]) -> MessageStream:
     if c.bookmark is not None:
         return client.bookmark_subscribe(
             _topic(c), c.bookmark, c.filter, timeout=c.timeout, sub_id=c.sub_id, options=c.options
@@ -482,7 +484,7 @@ def _subscribe(client: ClientBase, c: Command) -> MessageStream:
     return client.subscribe(_topic(c), c.filter, c.options, sub_id=c.sub_id, timeout=c.timeout)
 
 
-def _query(client: ClientBase, c: Command, *, groups: bool = False) -> MessageStream:
+def _query(client: ClientBase, c: Command[Any], *, groups: bool = False) -> MessageStream:
     return client._query(
         _topic(c),
         c.filter,
@@ -511,7 +513,7 @@ def check_query(top_n: object, batch_size: object, options: str | None = None) -
         raise OptionError(f"sow_and_subscribe takes option oof only, not {unknown!r}")
 
 
-_EXECUTORS: dict[str, Callable[[ClientBase, Command], Any]] = {
+_EXECUTORS: dict[str, Callable[[ClientBase, Command[Any]], Any]] = {
     "publish": lambda client, c: client.publish(_topic(c), c.data, c.expiration, **_publish_kw(c)),
     "delta_publish": lambda client, c: client.delta_publish(
         _topic(c), c.data, c.expiration, **_publish_kw(c)
