@@ -17,6 +17,7 @@ from amps_on_kafka.cli.common import EXIT_INTERRUPTED, bootstrap_option, kafka, 
 from amps_on_kafka.cli.logs import announce, log_options, setup_logging
 from amps_on_kafka.cli.ready import remove_ready_file, write_ready_file
 from amps_on_kafka.config import check_listen, load_config
+from amps_on_kafka.config.model import same_port
 from amps_on_kafka.errors import ConfigError
 from amps_on_kafka.processor.collections import freeze_long_lived
 from amps_on_kafka.processor.startup import check_serves_something
@@ -85,6 +86,10 @@ def worker(
     setup_logging(level, log_format)
     config = load_config(config_file)
     check_serves_something(config, str(config_file))  # before waiting for Kafka
+    if listen and config.admin.listen and same_port(config.admin.listen, listen):
+        raise ConfigError(  # the config's own Gateway.Listen is checked at load
+            f"--listen {listen} takes the port of Admin.Listen {config.admin.listen!r}"
+        )
     _check_security_files(config, config_file)
     servers = kafka(bootstrap, config.kafka)
     processor = Worker(config, servers, state_dir, group_id=group_id, instance_id=instance_id)

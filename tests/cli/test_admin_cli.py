@@ -248,3 +248,12 @@ def test_config_check_refuses_an_admin_port_on_the_gateways(tmp_path, admin, gat
     result = CliRunner().invoke(main, ["config", "check", str(file)])
     assert (result.exit_code == 1) == clash, result.output
     assert ("takes the port of Gateway.Listen" in result.output) == clash
+
+
+def test_a_worker_whose_listen_takes_the_admin_port_says_so_before_kafka(tmp_path, monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # never asked
+    file = tmp_path / "c.yaml"
+    file.write_text("Topics: [{Name: t}]\nSOW: [{Topic: t, Key: /id}]\nAdmin: {Listen: ':9100'}\n")
+    result = CliRunner().invoke(main, ["worker", "--config", str(file), "--listen", "0.0.0.0:9100"])
+    assert result.exit_code == 1
+    assert "--listen 0.0.0.0:9100 takes the port of Admin.Listen ':9100'" in result.output
