@@ -8,6 +8,7 @@ import time
 import orjson
 from confluent_kafka import Producer
 
+from amps_on_kafka.admin.view import worker_view
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.processor.applying import MAX_IDLE_WAIT
@@ -123,6 +124,8 @@ def test_bad_records_on_the_log_are_skipped_counted_and_dead_lettered(
     wait_caught_up(worker, bootstrap, topic, 1)
     assert sow_of(worker, topic) == {"1": {"id": 1, "ok": True}}
     assert worker.rejected == {"bad_record": 2}
+    counted = worker_view(worker)  # what amps_records_rejected_total{outcome} shows
+    assert (counted["dead_lettered"], counted["skipped"]) == ({"bad_record": 2}, {})
     with Replay(bootstrap, dead, "0", until="0|1|", max_idle=10) as log:
         letters = [m for m in log if getattr(m, "command", None) != "ack"]
     assert [m.raw for m in letters] == [b"{not json", orjson.dumps({"no_id": 1})]
