@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +93,7 @@ class Gateway:
             target=self.loop.run_forever, name="amps-gateway", daemon=True
         )
         self._server: asyncio.Server | None = None
+        self._tls: ssl.SSLContext | None = None  # Gateway.TLS's, once started
         self._sessions: set[Session] = set()
         self._names: dict[str, Session] = {}
         self._threads: list[threading.Thread] = []
@@ -105,15 +107,10 @@ class Gateway:
         self._thread.start()
         self.pump.start()
         self.engine.add_listener(self.fanout.listener)
+        self._tls = context
         try:
             self._server = asyncio.run_coroutine_threadsafe(
-                asyncio.start_server(
-                    self._accept,
-                    host or "127.0.0.1",
-                    int(port),
-                    ssl=context,
-                    ssl_handshake_timeout=self.settings.read_timeout if context else None,
-                ),
+                asyncio.start_server(self._accept, host or "127.0.0.1", int(port)),
                 self.loop,
             ).result(START_TIMEOUT)
         except OSError as exc:
@@ -179,10 +176,27 @@ class Gateway:
             self.stats.refused += 1
             await self._refuse(writer)
             return
+        if self._tls is not None and not await self._handshake(writer, self._tls):
+            return
         self.stats.connections += 1
         session = Session(self, reader, writer)
         self._sessions.add(session)
         await session.run()
+
+    async def _handshake(self, writer: asyncio.StreamWriter, context: ssl.SSLContext) -> bool:
+        """TLS, within ReadTimeout. Done here rather than by the server so that a refused
+        handshake (a client certificate the CA did not sign, none where one is required,
+        plain TCP) is an audit event: the server's own handshake drops it unheard."""
+        try:
+            await writer.start_tls(context, ssl_handshake_timeout=self.settings.read_timeout)
+        except (OSError, TimeoutError) as exc:
+            peer = writer.get_extra_info("peername")
+            address = peer[0] if isinstance(peer, tuple) else peer
+            reason = str(exc) or type(exc).__name__  # a bare close is ConnectionResetError()
+            audit.warning("TLS handshake failed: address=%s reason=%s", address, reason)
+            writer.transport.abort()
+            return False
+        return True
 
     async def _refuse(self, writer: asyncio.StreamWriter) -> None:
         """Beyond MaxConnections: say why, then close, without reading anything."""

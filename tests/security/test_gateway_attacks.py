@@ -122,7 +122,7 @@ def test_wrong_passwords_are_refused_alike_and_slowed_down(
 
 
 def test_a_client_certificate_is_an_identity_and_a_foreign_one_is_refused(
-    secured: Secured,
+    secured: Secured, caplog: pytest.LogCaptureFixture
 ) -> None:
     wire = secured.wire(cert="carol")
     try:
@@ -141,9 +141,15 @@ def test_a_client_certificate_is_an_identity_and_a_foreign_one_is_refused(
     with pytest.raises(OSError):  # signed by a CA the gateway does not trust
         secured.wire(cert="mallory").logon_as("carol", "m")
     refused = "the gateway did not accept the client certificate .*mallory.pem"
-    with pytest.raises(TransportError, match=refused), Client("m") as client:
+    with (
+        caplog.at_level(logging.WARNING, logger="amps_on_kafka.audit"),
+        pytest.raises(TransportError, match=refused),
+        Client("m") as client,
+    ):
         client.connect(secured.uri(cert="mallory"))  # the client says why it was closed
         client.logon(timeout=5)
+    handshakes = [m for r in caplog.records if "TLS handshake failed" in (m := r.getMessage())]
+    assert handshakes and "certificate verify failed" in handshakes[-1]  # the gateway's side
 
 
 def test_a_gateway_requiring_client_certificates_admits_only_their_holders(
