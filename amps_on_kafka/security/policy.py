@@ -4,6 +4,7 @@ Also how this gateway logs on to the other gateways of its group (PeerAccess).""
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,4 +104,22 @@ def no_logon_note(config: Config) -> str | None:
     return (
         "no user can log on to the gateway: the configuration's Authentication names no "
         "UsersFile, ClientCertificate or Anonymous (docs/security.md)"
+    )
+
+
+def clear_password_note(config: Config, listen: str) -> str | None:
+    """What an operator should hear when passwords would cross the network unencrypted:
+    a UsersFile, no Gateway.TLS, and a gateway listening beyond this machine."""
+    if config.authentication.users_file is None or config.gateway.tls is not None:
+        return None
+    host = listen.rpartition(":")[0].strip("[]")
+    try:
+        local = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = host == "localhost"
+    if local:
+        return None
+    return (
+        f"the gateway listens on {listen} without TLS: passwords cross the network in "
+        "clear (set Gateway.TLS, docs/security.md)"
     )

@@ -252,6 +252,21 @@ def test_a_config_nobody_may_log_on_with_is_pointed_out(tmp_path: Path) -> None:
     assert "no user can log on" not in runner.invoke(main, ["config", "check", str(config)]).output
 
 
+def test_a_worker_taking_passwords_in_clear_from_the_network_warns(tmp_path: Path) -> None:
+    """A UsersFile, no TLS, a listen address beyond loopback: passwords cross the network
+    in clear. The worker warns before it waits for anything; on 127.0.0.1 it doesn't."""
+    UsersFile(tmp_path / "users.txt").add("alice", "pw")
+    config = tmp_path / "worker.yaml"
+    config.write_text(
+        "Topics: [{Name: t}]\nSOW: [{Topic: t, Key: /id}]\nAuthentication: {UsersFile: users.txt}\n"
+    )
+    runner = CliRunner()
+    start = ["worker", "--config", str(config), "-b", "127.0.0.1:1", "--listen"]
+    wide = runner.invoke(main, [*start, "0.0.0.0:9007"])
+    assert "passwords cross the network in clear" in wide.output
+    assert "in clear" not in runner.invoke(main, [*start, "127.0.0.1:9007"]).output
+
+
 def test_users_cli_takes_passwords_from_stdin_never_from_argv(tmp_path: Path) -> None:
     path = str(tmp_path / "users.txt")
     runner = CliRunner()
