@@ -18,6 +18,7 @@ from amps_on_kafka.errors import ConfigError, TransportError
 from amps_on_kafka.security.auth import (
     MAX_THROTTLED,
     Authentication,
+    CertificateAuthenticator,
     Credentials,
     LogonFailed,
     PasswordAuthenticator,
@@ -116,6 +117,15 @@ def test_authentication_asks_for_credentials_and_allows_anonymous_only_when_told
         open_.authenticate(Credentials("alice", "wrong"))
     with pytest.raises(LogonFailed):  # a certificate nobody trusts here is no identity
         nobody.authenticate(Credentials(None, certificate_subject="carol"))
+
+
+@pytest.mark.parametrize("subject", ["_peer", "_anything", "anonymous"])
+def test_a_certificate_cannot_name_the_gateways_own_users(subject: str) -> None:
+    """A certificate the CA signed with CN=_peer would read everything as a peer does;
+    CN=anonymous would pass for an anonymous session."""
+    with pytest.raises(LogonFailed, match=f"certificate subject '{subject}' is reserved"):
+        CertificateAuthenticator().authenticate(Credentials(None, certificate_subject=subject))
+    assert CertificateAuthenticator().authenticate(Credentials(None, None, "carol")) == "carol"
 
 
 def test_a_publisher_id_names_its_user() -> None:
