@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import ConfigError, TransportError, UnknownTopic
@@ -107,11 +107,14 @@ class DeadLetters:
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
         self._producer: Producer | None = None
+        self._admin: AdminClient | None = None  # made for the first letters
 
     def send(self, letters: Iterable[Letter]) -> None:
         """Write the letters; DeadLetterFailed (naming the first failure) unless Kafka
         acknowledged all of them within DELIVERY_TIMEOUT. A letter may then be written
         twice when the worker tries again: dead letters are at least once."""
+        letters = list(letters)
+        self._check_targets({letter.target for letter in letters})
         producer = self._producer or self._start()
         failures: list[str] = []
 
@@ -131,6 +134,23 @@ class DeadLetters:
         if failures or unacknowledged:
             first = failures[0] if failures else f"{unacknowledged} not acknowledged in time"
             raise DeadLetterFailed(f"dead letters not written ({first})")
+
+    def _check_targets(self, targets: set[str]) -> None:
+        """DeadLetterFailed at once when a target is gone (deleted by hand while the
+        worker runs) or Kafka can't say: writing to it waited DELIVERY_TIMEOUT at every
+        try, and the worker's loop, every partition, with it. One metadata request per
+        batch that has letters."""
+        self._admin = self._admin or admin_client(self.bootstrap)
+        for target in sorted(targets):
+            try:
+                partitions_of(self._admin, target)
+            except UnknownTopic:
+                raise DeadLetterFailed(
+                    f"dead letters not written (DeadLetterTopic {target!r} does not exist "
+                    "on Kafka: create it again)"
+                ) from None
+            except TransportError as exc:
+                raise DeadLetterFailed(f"dead letters not written ({exc})") from exc
 
     def _start(self) -> Producer:
         self._producer = log_producer(

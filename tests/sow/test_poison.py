@@ -18,7 +18,13 @@ from collections.abc import Callable
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -264,6 +270,27 @@ def test_a_dead_letter_kafka_refuses_holds_its_partition_on_the_record_until_kaf
     (letter,) = letters(bootstrap, dead)
     assert letter.raw == b"{not json" and header(letter, "source") == f"{topic}|0|0|"
     assert sorted(sow_of(worker, topic), key=int) == [str(i) for i in range(20)]
+
+
+@pytest.mark.timing
+def test_a_dead_letter_topic_deleted_while_the_worker_runs_fails_each_try_at_once(
+    bootstrap, topic_factory, start_worker, caplog
+):
+    """Each try wrote to the deleted topic for DELIVERY_TIMEOUT (10 s) while the worker's
+    loop, every partition, waited. Now a try fails at once, naming the topic, and the
+    partition stays on its record until the topic is back."""
+    topic, dead = topic_factory(2, key=("/id",)), topic_factory(1)
+    worker = start_worker(sow_config(topic, 2, DeadLetterTopic=dead))
+    delete_topics(bootstrap, [dead])
+    produce(bootstrap, topic, [(b"{not json", None, 0)])
+    until(lambda: worker.dead_letter_failures >= 3, 8.0, "three tries (backoff 1 s, 2 s)")
+    assert f"DeadLetterTopic {dead!r} does not exist on Kafka" in caplog.text
+    assert worker.next_offsets(topic)[0] is None  # still on its record
+    admin = admin_client(bootstrap)  # held: the future fails if its client is freed
+    admin.create_topics([NewTopic(dead, 1)])[dead].result(30)
+    worker.wait_caught_up(topic, end_offsets(bootstrap, topic))
+    (letter,) = letters(bootstrap, dead)
+    assert header(letter, "source") == f"{topic}|0|0|"
 
 
 # -- defect 3, the worker's side: a key where it does not belong -------------------------
