@@ -132,7 +132,11 @@ class LogPublisher:
         no correlation id, JSON) gets its headers from the precomputed publisher header
         instead of command_headers' seven tests.
         """
-        spec = self._specs.get(topic) or self.spec(topic)
+        try:
+            spec = self._specs.get(topic) or self.spec(topic)
+        except TypeError:  # an unhashable topic (a list): named as any wrong type is
+            check_topic(topic)
+            raise
         if type(data) is dict:
             value, document = spec.codec.encode(data), data
         else:
@@ -186,7 +190,11 @@ class LogPublisher:
         delivery, poll = self._delivery, self._producer.poll
 
         def publish(topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
-            route = routes[topic] if topic in routes else route_of(topic)
+            try:  # free unless it raises (3.11's zero-cost try)
+                route = routes[topic] if topic in routes else route_of(topic)
+            except TypeError:  # an unhashable topic (a list): named as any wrong type is
+                check_topic(topic)
+                raise
             if route is None or kw or expiration is not None or type(data) is not dict:
                 return general(topic, data, expiration, **kw)
             name, extract, field, partitions = route

@@ -120,6 +120,8 @@ def test_a_wrong_publish_argument_type_is_one_type_error_on_every_client(
         "data must be a dict, str or bytes, not int": lambda c: c.publish(topic, 123),
         "topic must be a str, not NoneType": lambda c: c.publish(None, {"id": 1}),
         "topic must be a str, not int": lambda c: c.delta_publish(7, {"id": 1}),
+        "topic must be a str, not list": lambda c: c.publish([topic], {"id": 1}),
+        "topic must be a str, not dict": lambda c: c.delta_publish({}, {"id": 1}),
         "data must be a dict, str or bytes, not list": lambda c: c.delta_publish(topic, [1]),
     }
     with HAClient("ha-types", [uri]) as ha:
