@@ -48,7 +48,7 @@ class UsersFile:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._hashes: dict[str, str] = {}
 
     def hashes(self) -> dict[str, str]:
@@ -59,7 +59,9 @@ class UsersFile:
             return {}
         except OSError as exc:
             raise ConfigError(f"{self.path}: can't read the users file: {exc.strerror}") from exc
-        stamp = (stat.st_mtime_ns, stat.st_size)
+        # The inode too: `users add` replaces the file, and a changed password keeps its
+        # size, while two writes within the clock's tick (a few ms) share an mtime.
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if stamp != self._stamp:
             self._hashes = _parse(self.path)
             self._stamp = stamp

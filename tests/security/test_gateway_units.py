@@ -3,6 +3,7 @@ users file and its CLI, entitlement resolution, the config sections, tcps:// URI
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from amps_on_kafka.cli import main
 from amps_on_kafka.client.uri import parse_uri, shown
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import ConfigError, TransportError
+from amps_on_kafka.security import users as users_module
 from amps_on_kafka.security.auth import (
     MAX_THROTTLED,
     Authentication,
@@ -88,6 +90,31 @@ def test_the_users_file_holds_salted_hashes_only(tmp_path: Path) -> None:
     for bad in ("anonymous", "a:b", "", "a b", "_peer"):
         with pytest.raises(ConfigError):
             users.add(bad, "pw")
+
+
+def test_a_running_gateway_sees_a_changed_password_at_once(tmp_path: Path) -> None:
+    """The gateway's UsersFile re-reads a file another process rewrote, even when the
+    new one has the old one's size and mtime (a password changed within one tick)."""
+    path = tmp_path / "users.txt"
+    served, admin = UsersFile(path), UsersFile(path)
+    admin.add("alice", "old-password")
+    assert served.verify("alice", "old-password")
+    before = path.stat()
+    admin.add("alice", "new-password")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same tick
+    assert path.stat().st_size == before.st_size
+    assert served.verify("alice", "new-password") and not served.verify("alice", "old-password")
+    admin.remove("alice")
+    assert not served.verify("alice", "new-password")
+
+
+def test_a_users_file_beyond_its_bound_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """MAX_USERS_FILE_BYTES (16 MiB, docs/security.md): a file past it is not read."""
+    monkeypatch.setattr(users_module, "MAX_USERS_FILE_BYTES", 100)
+    path = tmp_path / "users.txt"
+    path.write_text("x" * 101)
+    with pytest.raises(ConfigError, match="larger than 100 bytes"):
+        UsersFile(path).hashes()
 
 
 def test_a_damaged_users_file_is_named_with_its_line(tmp_path: Path) -> None:
