@@ -26,7 +26,7 @@ from amps_on_kafka.security.auth import (
     PasswordAuthenticator,
     Throttle,
 )
-from amps_on_kafka.security.entitlements import Denied, Entitlements
+from amps_on_kafka.security.entitlements import CACHED_TOPICS, Denied, Entitlements
 from amps_on_kafka.security.users import UsersFile
 
 
@@ -144,6 +144,18 @@ def test_authentication_asks_for_credentials_and_allows_anonymous_only_when_told
         open_.authenticate(Credentials("alice", "wrong"))
     with pytest.raises(LogonFailed):  # a certificate nobody trusts here is no identity
         nobody.authenticate(Credentials(None, certificate_subject="carol"))
+
+
+def test_a_users_view_remembers_at_most_cached_topics() -> None:
+    """An attacker may name any number of topics: each user's view caches CACHED_TOPICS
+    answers at most."""
+    grants = {"Users": {"alice": {"Read": ["t.*"], "Write": ["t.*"]}}}
+    alice = _entitlements(grants).for_user("alice")
+    for n in range(CACHED_TOPICS + 100):
+        alice.read(f"t{n}")
+        alice.may_write(f"t{n}")
+    assert alice.read.cache_info().currsize == CACHED_TOPICS
+    assert alice.may_write.cache_info().currsize == CACHED_TOPICS
 
 
 @pytest.mark.parametrize("subject", ["_peer", "_anything", "anonymous"])

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from amps_on_kafka.config import Config, load_config
 from amps_on_kafka.config.properties import (
+    MAX_PROPERTIES_FILE_BYTES,
+    MAX_SECRET_FILE_BYTES,
     REDACTED,
     is_secret,
     read_properties_file,
@@ -61,6 +63,23 @@ def test_a_missing_secret_is_named_by_key_and_reference(tmp_path, value, named):
     assert str(path) in caught.value.reason
     assert "sasl.password" in caught.value.reason
     assert named in caught.value.reason
+
+
+def test_secret_and_properties_files_past_their_bounds_are_refused(tmp_path):
+    """A ${file:} secret is at most MAX_SECRET_FILE_BYTES (64 KiB), a properties file at
+    most MAX_PROPERTIES_FILE_BYTES (1 MiB): a large file named by mistake is an error
+    naming it, not read into every client."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * (MAX_SECRET_FILE_BYTES + 1))
+    path = tmp_path / "client.properties"
+    path.write_text(f"sasl.password=${{file:{secret}}}\n")
+    with pytest.raises(ConfigError, match=f"sasl.password: {secret} is larger than 65536"):
+        read_properties_file(path)
+    secret.write_bytes(b"s" * MAX_SECRET_FILE_BYTES)  # at the bound: read
+    assert len(read_properties_file(path)["sasl.password"]) == MAX_SECRET_FILE_BYTES
+    path.write_bytes(b"#" * (MAX_PROPERTIES_FILE_BYTES + 1))
+    with pytest.raises(ConfigError, match="is larger than 1048576 bytes"):
+        read_properties_file(path)
 
 
 def test_a_missing_properties_file_is_a_config_error(tmp_path):
