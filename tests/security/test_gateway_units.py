@@ -18,6 +18,7 @@ from amps_on_kafka.config import Config
 from amps_on_kafka.errors import ConfigError, TransportError
 from amps_on_kafka.security import users as users_module
 from amps_on_kafka.security.auth import (
+    FORGET_AFTER,
     MAX_THROTTLED,
     Authentication,
     CertificateAuthenticator,
@@ -48,6 +49,9 @@ def test_the_throttle_doubles_per_failure_up_to_its_cap() -> None:
         waits.append(throttle.reserve(["address a"]))
         clock.now += 100  # waited out; the count stays (FORGET_AFTER is longer)
     assert waits == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    clock.now += FORGET_AFTER  # 15 minutes after its last attempt: forgotten
+    throttle.failed(["address b"])  # (the throttle forgets as it records)
+    assert len(throttle) == 1 and throttle.reserve(["address a"]) == 0
 
 
 def test_parallel_attempts_queue_one_delay_apart_and_success_clears_the_user() -> None:
