@@ -12,7 +12,7 @@ from confluent_kafka import TopicPartition
 
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.kafka import reader
-from amps_on_kafka.processor.queue_runtime import events_topic
+from amps_on_kafka.processor.queue_runtime import STALL, events_topic
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.state.queue import QueueState
 from amps_on_kafka.state.queue_store import decode_events
@@ -107,6 +107,15 @@ def eventually(
     """Wait for a condition of queue state that the engine's own threads bring about."""
     if not engine.wait_until(condition, timeout):
         raise AssertionError(f"{what} not reached after {timeout}s")
+
+
+def stall(engine: QueueEngine, queue: str) -> None:
+    """Make a queue's thread look as if it had been frozen (its last turn 2 x STALL ago),
+    so that its next turn takes the stalled path: deliveries wait for a commit of the
+    events log. Deterministic, unlike freezing the process and hoping for the timing."""
+    runtime = engine.runtimes[queue]
+    with engine.lock:  # the thread sets _turned under it
+        runtime._turned = time.monotonic() - 2 * STALL
 
 
 def event_records(engine: QueueEngine, queue: str, timeout: float = 20.0) -> list[list[QueueEvent]]:

@@ -20,7 +20,7 @@ from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.protocol.frames import FrameDecoder
 from amps_on_kafka.server.queues import BATCH_BYTES, BATCH_RECORDS, DeliveryBatch
 from tests.conftest import create_topic, delete_topics
-from tests.queues.helpers import event_records, eventually, take
+from tests.queues.helpers import event_records, eventually, stall, take
 from tests.server.helpers import Wire
 
 
@@ -41,6 +41,49 @@ def test_queue_subscription_gets_max_backlog_messages_each_with_bookmark_and_lea
         for message in first:
             message.ack()
         assert [m.data["n"] for m in take(stream, 2)] == [2, 3]
+
+
+@pytest.mark.parametrize("stalled", [False, True], ids=["at-once", "after-a-stall"])
+@pytest.mark.parametrize("backlog", [None, 2], ids=["default-backlog", "max_backlog=2"])
+def test_a_message_goes_to_one_subscriber_and_not_again_within_its_lease(
+    serve, clients, queue_config, caplog, stalled, backlog
+):
+    """Seed 002: one subscriber at a time, and no redelivery while the lease runs, whether
+    the deliveries went out at once or waited for an events commit after a stall
+    (queue_recording.flush). A later message in the same stream proves that no copy came
+    before it (one subscription's deliveries arrive in order), so nothing waits for a
+    duplicate not to happen. The same message again after LeasePeriod, with a new lease,
+    is the lease running out (test_engine), not a duplicate."""
+    served = serve(queue_config(LeasePeriod="20s"))
+    first, second = clients(served), clients(served)
+    held = backlog or 1  # max_backlog defaults to 1
+    if stalled:
+        stall(served.engine, served.queue)
+    options = None if backlog is None else f"max_backlog={backlog}"
+    with first.subscribe(served.queue, options=options, timeout=5) as mine:
+        _publish(first, served.queue, range(held + 1))
+        taken = take(mine, held)
+        assert [m.data["n"] for m in taken] == list(range(held))
+        assert all(m.lease_period > 0 for m in taken)
+        with second.subscribe(served.queue, timeout=5) as theirs:
+            [other] = take(theirs, 1)
+            assert other.data["n"] == held  # not one the first subscriber holds
+            other.ack()
+            _publish(first, served.queue, [held + 1])
+            [later] = take(theirs, 1)
+            assert later.data["n"] == held + 1
+            later.ack()
+        taken[0].ack()
+        _publish(first, served.queue, [held + 2])
+        assert [m.data["n"] for m in take(mine, 1)] == [held + 2]
+    if stalled:  # the deliveries above did take the stalled path
+        assert "deliveries wait for a commit" in caplog.text
+
+
+def _publish(client, queue: str, numbers) -> None:
+    for n in numbers:
+        client.publish(queue, {"n": n})
+    client.publish_flush()
 
 
 def test_message_ack_cancel_returns_it_and_expire_removes_it(serve, clients, queue_config):
