@@ -572,6 +572,27 @@ class Config(_Strict):
             raise ValueError(f"Queues: a Name appears twice in {names}")
         return self
 
+    @model_validator(mode="after")
+    def _dead_letters_are_not_read_again(self) -> Config:
+        """A DeadLetterTopic that a SOW or a queue of this config reads has its letters
+        read again as records: refused (or enqueued, and expired) and written again, in a
+        loop when the reader wrote them (one bad record wrote 117 letters in 5 s into a
+        SOW topic that was its own DeadLetterTopic)."""
+        read = {sow.topic for sow in self.sow}
+        sections = [(f"SOW {sow.topic}", sow) for sow in self.sow]
+        sections += [(f"queue {queue.name}", queue) for queue in self.queues]
+        for owner, section in sections:
+            target = section.dead_letter_topic
+            readers = [f"SOW {target}"] if target in read else []
+            readers += [f"queue {q.name}" for q in self.queues if target and q.views(target)]
+            if readers:
+                raise ValueError(
+                    f"{owner}: DeadLetterTopic {target!r} is read by {', '.join(readers)}: "
+                    "letters must go to a topic nothing here reads (a letter read again is "
+                    "refused or enqueued again, in a loop)"
+                )
+        return self
+
     def queue(self, name: str) -> QueueConfig | None:
         return next((q for q in self.queues if q.name == name), None)
 

@@ -44,6 +44,14 @@ def test_the_shipped_example_loads():
             "Topics: [{Name: o}]\nSOW: [{Topic: o, Key: /id}, {Topic: o, Key: /x}]\n",
             "SOW: a Topic appears twice in ['o', 'o']",  # one was silently ignored
         ),
+        (  # one bad record wrote 117 letters in 5 s, each read, refused and written again
+            "Topics: [{Name: o}]\nSOW: [{Topic: o, Key: /id, DeadLetterTopic: o}]\n",
+            "SOW o: DeadLetterTopic 'o' is read by SOW o: letters must go to a topic nothing",
+        ),
+        (
+            "Queues: [{Name: q, UnderlyingTopic: 'o.*', DeadLetterTopic: o.dead}]\n",
+            "queue q: DeadLetterTopic 'o.dead' is read by queue q",
+        ),
         ("Topics:\n  - Name: o\n    MessageType: avro\n", "needs a Schema"),
         ("State:\n  WriteBufferBytes: 1000\n", "State.WriteBufferBytes"),
         ("State:\n  FlushEvery: soon\n", "State.FlushEvery"),
