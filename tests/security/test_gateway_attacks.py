@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import uuid
 from itertools import takewhile
@@ -181,6 +182,32 @@ def test_a_gateway_requiring_client_certificates_admits_only_their_holders(
             assert logon.header["user_id"] == "carol"
         finally:
             wire.close()
+    finally:
+        gateway.stop()
+
+
+def test_a_connection_that_never_ends_its_tls_handshake_is_closed_and_audited(
+    secured: Secured, bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handshake must end within ReadTimeout: a connection that sends nothing is closed
+    after it, and the refusal is an audit event."""
+    settings = secured.gateway.settings.model_copy(update={"read_timeout": 0.3})
+    gateway = Gateway(
+        secured.worker.engine,
+        bootstrap,
+        listen="127.0.0.1:0",
+        settings=settings,
+        security=secured.gateway.security,
+    )
+    host, _, port = gateway.start().rpartition(":")
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="amps_on_kafka.audit"),
+            socket.create_connection((host, int(port)), timeout=WAIT) as silent,
+        ):
+            assert silent.recv(1) == b""  # closed by the gateway, not by this side
+        failed = [m for r in caplog.records if "TLS handshake failed" in (m := r.getMessage())]
+        assert failed and "taking longer than 0.3 seconds" in failed[-1]
     finally:
         gateway.stop()
 
