@@ -94,6 +94,7 @@ class Gateway:
         )
         self._server: asyncio.Server | None = None
         self._tls: ssl.SSLContext | None = None  # Gateway.TLS's, once started
+        self._handshakes = 0  # TLS handshakes in progress (connections not yet sessions)
         self._sessions: set[Session] = set()
         self._names: dict[str, Session] = {}
         self._threads: list[threading.Thread] = []
@@ -172,7 +173,7 @@ class Gateway:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # asyncio reads max_size bytes per recv (256 KiB): see READ_SIZE for why not that
         writer.transport.max_size = READ_SIZE  # type: ignore[attr-defined]
-        if len(self._sessions) >= self.settings.max_connections:
+        if len(self._sessions) + self._handshakes >= self.settings.max_connections:
             self.stats.refused += 1
             await self._refuse(writer)
             return
@@ -187,6 +188,7 @@ class Gateway:
         """TLS, within ReadTimeout. Done here rather than by the server so that a refused
         handshake (a client certificate the CA did not sign, none where one is required,
         plain TCP) is an audit event: the server's own handshake drops it unheard."""
+        self._handshakes += 1  # counts against MaxConnections: each holds a socket
         try:
             await writer.start_tls(context, ssl_handshake_timeout=self.settings.read_timeout)
         except (OSError, TimeoutError) as exc:
@@ -196,6 +198,8 @@ class Gateway:
             audit.warning("TLS handshake failed: address=%s reason=%s", address, reason)
             writer.transport.abort()
             return False
+        finally:
+            self._handshakes -= 1
         return True
 
     async def _refuse(self, writer: asyncio.StreamWriter) -> None:

@@ -212,6 +212,47 @@ def test_a_connection_that_never_ends_its_tls_handshake_is_closed_and_audited(
         gateway.stop()
 
 
+def test_tls_handshakes_in_progress_count_against_max_connections(
+    secured: Secured, bootstrap: str
+) -> None:
+    """Connections that never end their handshake hold sockets for up to ReadTimeout:
+    with MaxConnections of them open, one more is refused at once, and once they are
+    gone a client is served again."""
+    settings = secured.gateway.settings.model_copy(update={"max_connections": 2})
+    gateway = Gateway(
+        secured.worker.engine,
+        bootstrap,
+        listen="127.0.0.1:0",
+        settings=settings,
+        security=secured.gateway.security,
+    )
+    address = gateway.start()
+    host, _, port = address.rpartition(":")
+    try:
+        silent = [socket.create_connection((host, int(port)), timeout=WAIT) for _ in range(2)]
+        _until(lambda: gateway._handshakes == 2)
+        with socket.create_connection((host, int(port)), timeout=WAIT) as one_more:
+            assert b"too many connections" in one_more.recv(4096)
+        for sock in silent:
+            sock.close()
+        _until(lambda: gateway._handshakes == 0)
+        wire = TlsWire(address, secured.certs, "carol")
+        try:
+            logon = wire.request({"c": "logon", "cid": "1", "client_name": "after-the-flood"})
+            assert logon.header["status"] == "success"
+        finally:
+            wire.close()
+    finally:
+        gateway.stop()
+
+
+def _until(condition, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
 def test_a_client_name_is_taken_over_only_by_its_own_user(secured: Secured) -> None:
     name = f"pricer-{uuid.uuid4().hex[:6]}"
     bob, alice, bob_again = secured.wire(), secured.wire(), secured.wire()
