@@ -20,7 +20,7 @@ from amps_on_kafka.client.base import ClientBase
 from amps_on_kafka.client.bookmark_store import BookmarkStore
 from amps_on_kafka.client.kafka_transport import KafkaConfigSource, KafkaTransport, secured
 from amps_on_kafka.client.message import DeleteAck
-from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.client.stream import MessageStream, wait_limit
 from amps_on_kafka.client.subscriptions import BookmarkSubscription, BookmarkSubscriptions
 from amps_on_kafka.client.tcp_transport import TcpTransport
 from amps_on_kafka.client.uri import parse_uri, shown
@@ -72,7 +72,7 @@ class Client(ClientBase):
         self._transport.set_failed_write_handler(self._failed_write_handler)
 
     def logon(self, timeout: float | None = None) -> None:
-        self.transport.logon(timeout)
+        self.transport.logon(wait_limit(timeout))
 
     @property
     def transport(self) -> KafkaTransport | TcpTransport:
@@ -130,7 +130,7 @@ class Client(ClientBase):
         return self.transport.sow_delete(topic, filter=filter, keys=keys, data=data, **kw)
 
     def publish_flush(self, timeout: float | None = None) -> None:
-        self.transport.publish_flush(timeout)
+        self.transport.publish_flush(wait_limit(timeout))
 
     def set_failed_write_handler(self, handler: Callable[[FailedWrite], None] | None) -> None:
         self._failed_write_handler = handler
@@ -257,4 +257,4 @@ class Client(ClientBase):
         self._gateway("ack batching").acks.flush()
 
     def heartbeat(self, timeout: float | None = None) -> None:
-        self._gateway("heartbeat").heartbeat(timeout)
+        self._gateway("heartbeat").heartbeat(wait_limit(timeout))

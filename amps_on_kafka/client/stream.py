@@ -9,6 +9,7 @@ end after `idle_timeout` quiet seconds, without a thread per stream.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -32,6 +33,14 @@ def check_timeout(timeout: float | None, *, wait: bool = False) -> None:
         raise ValueError(
             f"timeout must be a number of seconds {least}, or None for no limit (got {timeout!r})"
         )
+
+
+def wait_limit(timeout: float | None) -> float | None:
+    """A call's `timeout=` (logon, publish_flush, heartbeat) as the waits under it take
+    it: None or seconds of 0 or more, `inf` meaning no limit (a wait of inf overflowed:
+    OverflowError "timestamp out of range"); NaN or a negative is a ValueError."""
+    check_timeout(timeout, wait=True)
+    return None if timeout == math.inf else timeout
 
 
 class MessageStream:

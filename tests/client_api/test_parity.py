@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 
 import pytest
 
@@ -108,6 +109,20 @@ def test_bad_query_arguments_are_refused_before_sending_on_both_transports(uri, 
     for name in ("top_n", "batch_size"):  # no frame can carry them: was orjson's TypeError
         with pytest.raises(ValueError, match=rf"{name} must be at most {2**63 - 1} \(64 bits\)"):
             client.sow("orders", **{name: 2**64})
+
+
+def test_an_infinite_timeout_waits_without_limit_and_nan_is_refused(uri):
+    """`timeout=math.inf` ended in OverflowError ("timestamp out of range for platform
+    time_t") from the wait under logon, publish_flush and heartbeat."""
+    with Client("inf-timeouts") as client:
+        client.connect(uri)
+        client.logon(math.inf)
+        client.publish_flush(math.inf)
+        if uri.startswith("tcp://"):
+            client.heartbeat(math.inf)
+        for call in (client.logon, client.publish_flush):
+            with pytest.raises(ValueError, match=r"timeout must be a number of seconds 0 or"):
+                call(math.nan)
 
 
 def test_a_wrong_publish_argument_type_is_one_type_error_on_every_client(
