@@ -24,7 +24,7 @@ from amps_on_kafka.errors import PartitionsMoving, PublishError
 from amps_on_kafka.log.envelope import dead_letter_headers
 from amps_on_kafka.processor.queue_events import Pending
 from amps_on_kafka.state.queue_store import encode_events
-from amps_on_kafka.state.queue_types import Delivery, EventKind, Outbox, QueueEntry
+from amps_on_kafka.state.queue_types import Delivery, EventKind, Outbox, QueueEntry, Status
 
 # the runtime's log lines keep its logger name, which operators filter on
 # (docs/operations.md, Logging)
@@ -119,12 +119,13 @@ class Recording:
                 done.append(self._waiters.popleft())
         for _, call, result in done:
             call(result)
+        at_most_once = self.state.policy.at_most_once
         with self.engine.lock:
             if self._suspect_from and sequence >= self._suspect_from:
                 self._suspect_from = 0  # still the owner after the stall
             for deliveries in deferred:
                 if deliveries and self.refusal is None:
-                    self.engine.send(self.name, deliveries)
+                    self.engine.send(self.name, [d for d in deliveries if _stands(d, at_most_once)])
 
     def _lost(self, reason: str) -> None:
         """The writer is fenced (another worker opened the queue) or failed for good (the
@@ -226,6 +227,23 @@ class Recording:
             log.warning("queue %s: committing the recovery point failed: %s", self.name, exc)
             return
         self._recovery_sent = (time.monotonic(), point)
+
+
+def _stands(delivery: Delivery, at_most_once: bool) -> bool:
+    """Whether a delivery that waited for its commit may still go out. An at-least-once
+    lease can end meanwhile (it ran out during a slow commit, its subscriber left, a
+    filter ack removed the message): the message is then back in the queue, leased to
+    another subscriber or gone, and sending it would have two subscribers hold it, or
+    one process an acknowledged message. A barrier (no lease) and an at-most-once
+    delivery (the message left the queue for this subscriber alone) always go."""
+    if delivery.lease_until is None or at_most_once:
+        return True
+    entry = delivery.entry
+    return (
+        entry.status is Status.LEASED
+        and entry.holder is delivery.subscription
+        and entry.lease_until == delivery.lease_until
+    )
 
 
 def _settle_future(future: Future, outcome: Any) -> None:

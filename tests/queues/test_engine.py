@@ -29,7 +29,7 @@ from amps_on_kafka.state.queue_store import encode_events
 from amps_on_kafka.state.queue_types import EventKind
 from tests.conftest import create_topic, delete_topics
 from tests.queues.conftest import Inbox
-from tests.queues.helpers import event_records, eventually
+from tests.queues.helpers import FakeClock, event_records, eventually
 
 ROOT = Path(__file__).parents[2]
 
@@ -181,6 +181,37 @@ def test_with_MaxDeliveries_a_message_goes_out_only_once_its_delivery_count_is_d
     [[event]] = event_records(engine, queue)
     assert (event.kind, event.deliveries) == (EventKind.DELIVER, 1)
     assert "{}|{}|{}|".format(*event.id) == message.bookmark
+
+
+@pytest.mark.parametrize("ended", ["lease ran out", "unsubscribed"])
+def test_a_delivery_held_for_its_commit_is_dropped_if_its_lease_ended_meanwhile(
+    queue_config, engines, publisher, ended
+):
+    """A delivery that waits for its events commit (MaxDeliveries here; after a stall, any)
+    must not go out once its lease has ended: the message is back in the queue, maybe
+    leased to another subscriber, and two subscribers would hold it. The engine lock,
+    held by the test, keeps the commit from sending it until the lease has ended."""
+    config = queue_config(MaxDeliveries=5, LeasePeriod="1s", DeliveryFairness="round-robin")
+    queue = config.queues[0].name
+    clock = FakeClock()
+    engine = engines(config, clock=clock)
+    runtime = engine.runtimes[queue]
+    publish(publisher, queue, [1])
+    eventually(engine, lambda: runtime.state.depth == 1, what="the message read")
+    first, second = Inbox(), Inbox()
+    with engine.lock:
+        handle = engine.subscribe(queue, first, session="s1", sub_id="a")
+        engine.subscribe(queue, second, session="s2", sub_id="b")
+        runtime.finish(None, None).result(10)  # committed; its deliveries wait for the lock
+        if ended == "unsubscribed":
+            engine.unsubscribe(handle)
+        else:
+            clock.advance(1_000)
+            runtime.state.tick()
+            engine.settle()
+    [taken] = second.wait_for(1)  # sent after the first commit's deliveries
+    assert taken.deliveries == 2 and taken.lease_ms == 1_000
+    assert first.messages == []
 
 
 def test_an_ack_for_an_offset_past_the_end_of_the_log_is_not_remembered(
