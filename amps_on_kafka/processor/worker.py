@@ -46,6 +46,7 @@ from amps_on_kafka.processor.dead_letters import (
     ensure_dead_letter_topics,
 )
 from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.memory import IdleTrim
 from amps_on_kafka.processor.queues import QueueEngine
 from amps_on_kafka.processor.repartition import Repartitioner, consumed_topic
 from amps_on_kafka.processor.standby import Standby
@@ -119,6 +120,7 @@ class Worker(Assignment, Applying):
         self._dead_letters = DeadLetters(bootstrap)
         self._lock = StateDirLock(self.state_dir)
         self.outage = OutageWatch(bootstrap)  # logs an outage of the consumer's brokers
+        self.idle_trim = IdleTrim()  # memory a burst of large records left, handed back
         self._group_consumer: Consumer | None = None
         self._standby: Standby | None = None
         # SOW topics whose batches go to a changelog first (processor/changelog.py)
@@ -310,6 +312,8 @@ class Worker(Assignment, Applying):
                     records = consume_available(consumer, BATCH_SIZE, self._wait_time())
                     if records:
                         self._apply(records)
+                    else:
+                        self.idle_trim.idle()
                     del records
                     self._expire_due()
                 self._flush_due()

@@ -28,8 +28,6 @@ Acks:
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import itertools
 import threading
 import time
@@ -46,6 +44,7 @@ from amps_on_kafka.log.codecs import avro_document
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.processor.memory import release_freed_memory
 from amps_on_kafka.security.entitlements import Denied
 from amps_on_kafka.server.cluster import RESULTS
 from amps_on_kafka.server.replies import ack
@@ -212,15 +211,6 @@ class PublishBudget:
         peak = self.peak
         if self.bytes > peak[0] or self.commands > peak[1]:
             self.peak = (max(peak[0], self.bytes), max(peak[1], self.commands))
-
-
-def release_freed_memory() -> None:
-    """glibc's malloc_trim(0): return the free memory of every malloc arena to the
-    system (not a leak: what glibc keeps for later). Nothing where libc has none."""
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
-    if trim is not None:
-        trim(0)
 
 
 @dataclass(eq=False, slots=True)

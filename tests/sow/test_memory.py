@@ -1,0 +1,36 @@
+"""The memory a burst of large records leaves free goes back to the system.
+
+glibc kept what Python and librdkafka freed after a batch: a worker that applied 300 MB
+of 200 KB records sat at about 1.4 GiB resident, idle, with 22 MiB of live Python
+objects. The worker's loop now trims at an idle turn (processor/memory.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from amps_on_kafka.log.kafka import end_offsets
+from amps_on_kafka.processor.memory import SLACK, resident_bytes
+from tests.sow.conftest import sow_config
+
+MIB = 1024 * 1024
+
+
+def test_a_burst_of_large_records_leaves_no_resident_memory_behind(
+    bootstrap, topic_factory, publisher, start_worker
+):
+    topic = topic_factory(2, key=("/id",))
+    worker = start_worker(sow_config(topic, 2))
+    before = resident_bytes()
+    assert before is not None  # Linux: /proc/self/statm
+    blob = "x" * 200_000
+    for i in range(500):  # 100 MB, 50 keys: the SOW itself stays small
+        publisher.publish(topic, {"id": i % 50, "blob": blob})
+    publisher.publish_flush(30)
+    worker.wait_caught_up(topic, end_offsets(bootstrap, topic))
+    deadline = time.monotonic() + 10
+    while resident_bytes() > before + SLACK + 32 * MIB:  # type: ignore[operator]
+        grown = (resident_bytes() - before) // MIB  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{grown} MiB kept after the burst"
+        time.sleep(0.1)
+    assert worker.idle_trim.trims >= 1
