@@ -90,7 +90,7 @@ def worker(
         raise ConfigError(  # the config's own Gateway.Listen is checked at load
             f"--listen {listen} takes the port of Admin.Listen {config.admin.listen!r}"
         )
-    _check_security_files(config, config_file, listen or config.gateway.listen)
+    _check_security_files(config, config_file)
     servers = kafka(bootstrap, config.kafka)
     processor = Worker(config, servers, state_dir, group_id=group_id, instance_id=instance_id)
     stopping = _raise_on_signals()
@@ -101,15 +101,21 @@ def worker(
             raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
 
 
-def _check_security_files(config: Config, config_file: Path, listen: str) -> None:
+def _check_security_files(config: Config, config_file: Path) -> None:
     """TLS files and the users file, checked before recovery (which may take minutes):
-    the gateway would meet them only once it serves. Also warns of a set-up nobody can
-    log on to, or one that takes passwords in clear from the network."""
-    from amps_on_kafka.security.policy import clear_password_note, file_problems, no_logon_note
+    the gateway would meet them only once it serves."""
+    from amps_on_kafka.security.policy import file_problems
 
     problems = file_problems(config)
     if problems:
         raise ConfigError(f"{config_file}: {'; '.join(problems)}")
+
+
+def _warn_about_logons(config: Config, listen: str) -> None:
+    """A set-up nobody can log on to, or one that takes passwords in clear from the
+    network, is pointed out once the gateway serves: a start that fails says one line."""
+    from amps_on_kafka.security.policy import clear_password_note, no_logon_note
+
     for note in (no_logon_note(config), clear_password_note(config, listen)):
         if note is not None:
             logging.getLogger(__name__).warning("%s", note)
@@ -147,6 +153,7 @@ def _serve(
         admin = _start_admin(processor)  # /health and /ready answer during recovery too
         processor.wait_ready()
         gateway = _start_gateway(processor, servers, listen)
+        _warn_about_logons(processor.config, listen)
         freeze_long_lived()
         if admin is not None:
             admin.sources.gateway = gateway

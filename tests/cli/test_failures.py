@@ -66,8 +66,9 @@ def one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-# A config that lets nobody log on makes the worker warn first (c293c86), a second line:
-# configs whose subject is another error declare a way in.
+# The tests' clients log on anonymously. A config that lets nobody log on is warned of
+# once the gateway serves, so a start that fails says one line all the same (the queue
+# and Avro cases below declare no Authentication).
 ANONYMOUS = "Authentication:\n  Anonymous: true\n"
 
 
@@ -184,7 +185,7 @@ def test_a_queue_whose_underlying_topic_matches_nothing_is_named_within_seconds(
     """It logged a traceback, then "not ready after 60 s"."""
     pattern = f"nothing-{uuid.uuid4().hex[:8]}-.*"
     queue = f"Queues:\n  - Name: work\n    UnderlyingTopic: {pattern}\n"
-    config = write_config(tmp_path, queue + ANONYMOUS)
+    config = write_config(tmp_path, queue)
     code, _, stderr, seconds = amps_kafka(
         "worker", "--config", config, "--state-dir", str(tmp_path / "s"), bootstrap=bootstrap
     )
@@ -499,7 +500,7 @@ def test_ctrl_c_stops_subscribe_with_exit_code_130_and_no_traceback(bootstrap, w
         ("Topics:\n  - Name: t\n    Partitions: many\n", "Topics[0].Partitions"),
         (
             "Topics:\n  - Name: t\n    MessageType: avro\n    Schema: absent.avsc\n"
-            "SOW:\n  - Topic: t\n    Key: /id\n" + ANONYMOUS,
+            "SOW:\n  - Topic: t\n    Key: /id\n",
             "can't read Avro schema",
         ),
         ("SOW:\n  - Topic: t\n    Key: 7\n", "SOW[0].Key"),
@@ -617,3 +618,22 @@ def _sow_ids(server: str, topic: str, timeout: float = 60.0) -> list[int]:
         if ids:
             return ids
     return []
+
+
+def test_a_worker_nobody_may_log_on_to_warns_once_its_gateway_serves(
+    bootstrap, topic_factory, tmp_path
+):
+    """The warning comes after the start succeeded (a failed start is one line), before
+    the ready line."""
+    topic = topic_factory(1, key=("/id",))
+    config = write_config(tmp_path, sow_yaml(topic).replace(ANONYMOUS, ""))
+    running = Running(
+        "worker", "--config", config, "--state-dir", str(tmp_path / "s"), "--listen",
+        "127.0.0.1:0", "--group", f"g-{uuid.uuid4().hex[:8]}", bootstrap=bootstrap,
+    )  # fmt: skip
+    try:
+        warning = running.wait_for("no user can log on")
+        running.wait_for("worker ready: gateway=")
+    finally:
+        running.kill()
+    assert "WARNING" in warning

@@ -3,6 +3,7 @@ users file and its CLI, entitlement resolution, the config sections, tcps:// URI
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -13,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amps_on_kafka.cli import main
+from amps_on_kafka.cli.worker import _warn_about_logons
 from amps_on_kafka.client.uri import parse_uri, shown
-from amps_on_kafka.config import Config
+from amps_on_kafka.config import Config, load_config
 from amps_on_kafka.errors import ConfigError, TransportError
 from amps_on_kafka.security import users as users_module
 from amps_on_kafka.security.auth import (
@@ -28,6 +30,7 @@ from amps_on_kafka.security.auth import (
     Throttle,
 )
 from amps_on_kafka.security.entitlements import CACHED_TOPICS, Denied, Entitlements
+from amps_on_kafka.security.policy import no_logon_note
 from amps_on_kafka.security.users import UsersFile
 
 
@@ -291,33 +294,39 @@ def test_missing_or_damaged_security_files_are_found_before_the_worker_waits(
     assert "users.txt, line 1: not `name:argon2-hash`" in checked.output
 
 
-def test_a_config_nobody_may_log_on_with_is_pointed_out(tmp_path: Path) -> None:
+def test_a_config_nobody_may_log_on_with_is_pointed_out(tmp_path: Path, caplog) -> None:
     """No Authentication is the secure default, and a surprise to whoever forgot it:
-    config check notes it, and the worker warns before it waits for anything."""
+    config check notes it, and the worker warns once its gateway serves. A start that
+    fails (here: no broker) says its one error line and no warning."""
     config = tmp_path / "worker.yaml"
     config.write_text("Topics: [{Name: t}]\nSOW: [{Topic: t, Key: /id}]\n")
     runner = CliRunner()
     checked = runner.invoke(main, ["config", "check", str(config)])
     assert checked.exit_code == 0 and "note: no user can log on" in checked.output
-    started = runner.invoke(main, ["worker", "--config", str(config), "-b", "127.0.0.1:1"])
-    assert "WARNING" in started.output and "no user can log on" in started.output
+    with caplog.at_level(logging.WARNING):  # before the CLI's own logging set-up
+        _warn_about_logons(load_config(config), "127.0.0.1:9007")
+    assert [r.getMessage() for r in caplog.records] == [no_logon_note(load_config(config))]
+    failed = runner.invoke(main, ["worker", "--config", str(config), "-b", "127.0.0.1:1"])
+    assert failed.exit_code == 1 and "no user can log on" not in failed.output
     config.write_text(config.read_text() + "Authentication: {Anonymous: true}\n")
     assert "no user can log on" not in runner.invoke(main, ["config", "check", str(config)]).output
 
 
-def test_a_worker_taking_passwords_in_clear_from_the_network_warns(tmp_path: Path) -> None:
+def test_a_worker_taking_passwords_in_clear_from_the_network_warns(tmp_path: Path, caplog) -> None:
     """A UsersFile, no TLS, a listen address beyond loopback: passwords cross the network
-    in clear. The worker warns before it waits for anything; on 127.0.0.1 it doesn't."""
+    in clear. The worker warns once it serves; on 127.0.0.1 it doesn't."""
     UsersFile(tmp_path / "users.txt").add("alice", "pw")
     config = tmp_path / "worker.yaml"
     config.write_text(
         "Topics: [{Name: t}]\nSOW: [{Topic: t, Key: /id}]\nAuthentication: {UsersFile: users.txt}\n"
     )
-    runner = CliRunner()
-    start = ["worker", "--config", str(config), "-b", "127.0.0.1:1", "--listen"]
-    wide = runner.invoke(main, [*start, "0.0.0.0:9007"])
-    assert "passwords cross the network in clear" in wide.output
-    assert "in clear" not in runner.invoke(main, [*start, "127.0.0.1:9007"]).output
+    with caplog.at_level(logging.WARNING):
+        _warn_about_logons(load_config(config), "0.0.0.0:9007")
+        wide = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        _warn_about_logons(load_config(config), "127.0.0.1:9007")
+    assert len(wide) == 1 and "passwords cross the network in clear" in wide[0]
+    assert caplog.records == []
 
 
 def test_users_cli_takes_passwords_from_stdin_never_from_argv(tmp_path: Path) -> None:
