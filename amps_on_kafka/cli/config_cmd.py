@@ -108,7 +108,7 @@ def kafka_problems(parsed: Config, servers: str) -> list[str]:
     ]
     user_topics = [name for name in existing if not name.startswith("_")]
     problems += [
-        f"queue {queue.name}: no topic matches UnderlyingTopic {queue.topic_pattern!r}"
+        f"queue {queue.name}: no topic matches {queue.underlying}"
         for queue in parsed.queues
         if not any(queue.views(name) for name in user_topics)
     ]

@@ -222,6 +222,8 @@ class GatewayConfig(_Strict):
     max_connections: int = Field(1000, alias="MaxConnections", ge=1)
     read_timeout: Seconds = Field(30.0, alias="ReadTimeout", gt=0)
     max_queued_bytes: int = Field(64 * 1024 * 1024, alias="MaxQueuedBytes", ge=64 * 1024)
+    # the sum over all connections (server/buffers.py): AMPS's MessageMemoryLimit
+    max_buffered_bytes: int = Field(256 * 1024 * 1024, alias="MaxBufferedBytes", ge=64 * 1024)
     max_commands_in_flight: int = Field(16, alias="MaxCommandsInFlight", ge=1)
     max_subscriptions: int = Field(100, alias="MaxSubscriptions", ge=1)
     max_publish_bytes_in_flight: int = Field(
@@ -464,8 +466,8 @@ class QueueConfig(_Strict):
         target = self.default_publish_target
         if target is not None and not self.views(target):
             raise ValueError(
-                f"DefaultPublishTarget {target!r} does not match UnderlyingTopic "
-                f"{self.topic_pattern!r}, so publishes to the queue would never enqueue"
+                f"DefaultPublishTarget {target!r} does not match {self.underlying}, "
+                "so publishes to the queue would never enqueue"
             )
         return self
 
@@ -473,6 +475,14 @@ class QueueConfig(_Strict):
     def topic_pattern(self) -> str:
         """UnderlyingTopic, or the queue's own name (matched literally) when there is none."""
         return self.underlying_topic if self.underlying_topic is not None else re.escape(self.name)
+
+    @property
+    def underlying(self) -> str:
+        """The underlying topics as an error message names them: the pattern as written,
+        or the queue's own name (not its escaped pattern) when there is no UnderlyingTopic."""
+        if self.underlying_topic is not None:
+            return f"UnderlyingTopic {self.underlying_topic!r}"
+        return f"the topic {self.name!r} (the queue's name: no UnderlyingTopic is set)"
 
     @cached_property
     def _pattern(self) -> re.Pattern[str]:
@@ -608,8 +618,8 @@ class Config(_Strict):
         if not queue.enqueues_publishes_to_its_name:
             raise ConfigError(
                 f"publish to queue {topic!r}: its DefaultPublishTarget "
-                f"{queue.publish_target!r} does not match its UnderlyingTopic "
-                f"{queue.topic_pattern!r}, so the message would never be enqueued; publish "
+                f"{queue.publish_target!r} does not match {queue.underlying}, "
+                "so the message would never be enqueued; publish "
                 "to an underlying topic, or configure a DefaultPublishTarget that matches"
             )
         return queue.publish_target

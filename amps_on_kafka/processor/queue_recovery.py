@@ -52,7 +52,7 @@ class Recovery:
         self._admin = admin
         partitions = self._underlying(admin)
         if not partitions:
-            raise UnknownTopic(f"no topic matches UnderlyingTopic {self.config.topic_pattern!r}")
+            raise UnknownTopic(f"no topic matches {self.config.underlying}")
         stored = self._open_store()
         if stored is not None:
             starts, events_from = stored.positions, stored.events_offset

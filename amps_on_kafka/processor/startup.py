@@ -106,6 +106,6 @@ def check_topics(bootstrap: str, config: Config) -> None:
     for queue in config.queues:
         if not any(queue.views(name) for name in existing if not name.startswith("_")):
             raise UnknownTopic(
-                f"queue {queue.name}: no topic matches UnderlyingTopic "
-                f"{queue.topic_pattern!r} (create one, or fix the pattern)"
+                f"queue {queue.name}: no topic matches {queue.underlying} "
+                "(create one, or fix the pattern)"
             )

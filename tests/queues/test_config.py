@@ -29,6 +29,17 @@ def test_defaults():
     assert queue.publish_target is None  # the name is its own underlying topic
 
 
+def test_errors_name_a_queues_topics_as_the_config_gave_them():
+    """Without UnderlyingTopic the pattern is the escaped name: an error quoted it as
+    'a16\\\\-q' (escaped, then repr'd) for a queue named a16-q."""
+    assert QueueConfig(Name="a16-q.x").underlying == (
+        "the topic 'a16-q.x' (the queue's name: no UnderlyingTopic is set)"
+    )
+    assert QueueConfig(Name="q", UnderlyingTopic="orders-.*").underlying == (
+        "UnderlyingTopic 'orders-.*'"
+    )
+
+
 def test_durations_are_amps_durations(tmp_path):
     config = load(tmp_path, "  - Name: work\n    LeasePeriod: 500ms\n    Expiration: 2h\n")
     queue = config.queue("work")
