@@ -12,9 +12,11 @@ A WSGI app (prometheus-client's own for /metrics) on the standard library's serv
 thread per request, all daemon threads: nothing here runs on the worker's loop or the
 gateway's event loop, which it only reads from (view.py says how).
 
-Bounds: at most `max_requests` (MAX_REQUESTS) requests are served at once; a connection
-beyond them is closed unanswered. A request must arrive within REQUEST_TIMEOUT, so a
-client that connects and sends nothing holds its place no longer than that.
+Bounds: at most `max_requests` (MAX_REQUESTS) requests are served at once, and at most
+MAX_PER_ADDRESS of them from one client address, so one client holding idle connections
+can't keep a load balancer's /health probe unanswered; a connection beyond either is
+closed unanswered. A request must arrive within REQUEST_TIMEOUT, so a client that
+connects and sends nothing holds its place no longer than that.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ StartResponse = Callable[..., Any]
 Authorize = Callable[[Environ], bool]
 OPEN_PATHS = ("/health", "/ready")
 MAX_REQUESTS = 16
+MAX_PER_ADDRESS = 4
 REQUEST_TIMEOUT = 10.0  # seconds
 
 
@@ -52,22 +55,41 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
     slots: threading.BoundedSemaphore  # requests served at once
+    per_address: int  # of those, from one client address
+    _held: dict[str, int]  # client address -> requests being served
+    _held_lock: threading.Lock
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        if not self._take(client_address[0]):
             log.debug("admin port: too many requests at once; closed one unanswered")
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.slots.release()
+            self._give_back(client_address[0])
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._give_back(client_address[0])
+
+    def _take(self, address: str) -> bool:
+        with self._held_lock:
+            if self._held.get(address, 0) >= self.per_address:
+                return False
+            if not self.slots.acquire(blocking=False):
+                return False
+            self._held[address] = self._held.get(address, 0) + 1
+            return True
+
+    def _give_back(self, address: str) -> None:
+        with self._held_lock:
+            left = self._held.pop(address) - 1
+            if left:
+                self._held[address] = left
             self.slots.release()
 
 
@@ -88,6 +110,7 @@ class AdminServer:
         *,
         authorize: Authorize | None = None,
         max_requests: int = MAX_REQUESTS,
+        max_per_address: int = MAX_PER_ADDRESS,
     ) -> None:
         if settings.listen is None:
             raise ValueError("the admin port needs Admin: Listen: HOST:PORT")
@@ -95,6 +118,7 @@ class AdminServer:
         self.settings = settings
         self.authorize = authorize
         self.max_requests = max_requests
+        self.max_per_address = max_per_address
         self.history = RateHistory(sources.view)
         self._metrics = make_wsgi_app(registry(sources.view))
         self._page = files("amps_on_kafka.admin").joinpath("status.html").read_bytes()
@@ -113,6 +137,8 @@ class AdminServer:
             reason = f"admin port can't listen on {self.settings.listen}: {exc}"
             raise TransportError(reason) from exc
         self._server.slots = threading.BoundedSemaphore(self.max_requests)
+        self._server.per_address = self.max_per_address
+        self._server._held, self._server._held_lock = {}, threading.Lock()
         bound = self._server.server_address
         self.address = f"{bound[0]}:{bound[1]}"
         self._thread = threading.Thread(

@@ -389,6 +389,27 @@ def test_at_most_max_requests_at_once(operated: Operated):
         until(lambda: _answers(f"http://{admin.address}/health"), "served again")
 
 
+def test_one_address_holds_at_most_its_share_of_the_places(operated: Operated):
+    """Idle connections from one client take its share (MAX_PER_ADDRESS) and no more:
+    its next request is closed unanswered, while a probe from another address (the whole
+    of 127/8 is loopback) is still answered."""
+    settings = AdminConfig(Listen="127.0.0.1:0")
+    with AdminServer(operated.admin.sources, settings, max_requests=4, max_per_address=2) as admin:
+        host, port = admin.address.rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(2)]
+        try:
+            until(lambda: not _answers(f"http://{admin.address}/health"), "its share is full")
+            probe = http.client.HTTPConnection(
+                host, int(port), timeout=10, source_address=("127.0.0.2", 0)
+            )
+            probe.request("GET", "/health")
+            assert probe.getresponse().status == 200
+            probe.close()
+        finally:
+            for sock in idle:
+                sock.close()
+
+
 def _answers(url: str) -> bool:
     """Whether the port answers 200 now: one it closes unanswered (its places not yet
     seen free: the idle connections' close reaches it a moment later) has not yet."""
