@@ -1,7 +1,8 @@
 """Issue 13 (defects 5 and 6): the worker's memory under a query flood and a Kafka outage.
 
     python -m bench robustness [--records 100] [--queries 10000] [--flood-seconds 10]
-                               [--publishers 3] [--outage-seconds 20] [--publish-timeout 10]
+                               [--publishers 3] [--outage-seconds 20 [20 40 ...]]
+                               [--publish-timeout 10]
                                [--only flood|outage] [--outage-target sow|log|both]
 
 The worker is the real `amps-kafka worker`, in a process of its own, so its resident
@@ -21,7 +22,10 @@ another client saw meanwhile (median, 99th percentile, worst).
   fresh worker each time: publishing to a SOW topic (the worker also writes what it
   applies to RocksDB, whose memtables grow up to their flush size and stay) and to a
   plain log topic of the same worker (no SOW: only the gateway's memory), so the two
-  causes of a higher RSS after the outage can be told apart.
+  causes of a higher RSS after the outage can be told apart. Several `--outage-seconds`
+  make several outages in a row against the same worker (one of each length), and the
+  RSS after each later one is compared with the RSS after the first: what an outage
+  leaves behind must not grow with their number or their length.
 """
 
 from __future__ import annotations
@@ -263,38 +267,59 @@ def outage(args: argparse.Namespace) -> None:
 
 
 def outage_once(broker: LocalBroker, servers: str, target: str, args: argparse.Namespace) -> None:
-    """One outage, the publishers writing to the worker's SOW topic or to its log topic."""
+    """Outages of `--outage-seconds` each, one after the other against the same worker, the
+    publishers writing to its SOW topic or to its log topic; the RSS after each tells
+    whether what an outage leaves behind grows with their number or their length."""
     sow_topic = new_topic(servers, "robustness-outage", 1, key=("/id",))
     log_topic = new_topic(servers, "robustness-outage-log", 1)
     topic = sow_topic if target == "sow" else log_topic
     with worker(servers, sow_topic, args.publish_timeout, log_topic) as (pid, address):
         before = settle(pid, 2)
-        with Watch(pid, address) as watch:
-            publishers = [
-                Publisher(address, topic, f"bench-pub-{n}") for n in range(args.publishers)
-            ]
-            time.sleep(3)  # publishing normally first
-            broker.stop()
-            stopped = watch.since()
-            time.sleep(args.outage_seconds)  # the outage lasts this long
-            broker.start()
-            started = watch.since()
-            time.sleep(3)
-            for publisher in publishers:
-                publisher.finish()
-        after = settle(pid)
-        show(f"outage ({target} topic)", before, watch, after)
+        afters = []
+        for number, seconds in enumerate(args.outage_seconds, 1):
+            label = f"outage {number} of {seconds:g} s ({target} topic)"
+            afters.append(one_outage(broker, pid, address, topic, seconds, label, before, args))
         print(f"         RSS {settle(pid, 25):.0f} MiB 30 s after", flush=True)
-        print(f"         broker stopped at {stopped:.1f} s, answering again at {started:.1f} s")
-        sent = sum(p.sent for p in publishers)
-        acks = sum((p.acks for p in publishers), Counter())
-        reasons = sum((p.reasons for p in publishers), Counter())
-        print(
-            f"         {sent} publishes: {acks['success']} persisted, {acks['failure']} "
-            f"failed with a reason ({dict(reasons)}), "
-            f"{sent - acks['success'] - acks['failure']} unanswered",
-            flush=True,
-        )
+        if len(afters) > 1:
+            growth = ", ".join(f"{after - afters[0]:+.0f}" for after in afters[1:])
+            print(f"         RSS after each later outage minus after the first: {growth} MiB")
+
+
+def one_outage(
+    broker: LocalBroker,
+    pid: int,
+    address: str,
+    topic: str,
+    seconds: float,
+    label: str,
+    before: float,
+    args: argparse.Namespace,
+) -> float:
+    """Publishers at full speed through an outage of `seconds`; returns the RSS after."""
+    with Watch(pid, address) as watch:
+        publishers = [Publisher(address, topic, f"bench-pub-{n}") for n in range(args.publishers)]
+        time.sleep(3)  # publishing normally first
+        broker.stop()
+        stopped = watch.since()
+        time.sleep(seconds)  # the outage lasts this long
+        broker.start()
+        started = watch.since()
+        time.sleep(3)
+        for publisher in publishers:
+            publisher.finish()
+    after = settle(pid)
+    show(label, before, watch, after)
+    print(f"         broker stopped at {stopped:.1f} s, answering again at {started:.1f} s")
+    sent = sum(p.sent for p in publishers)
+    acks = sum((p.acks for p in publishers), Counter())
+    reasons = sum((p.reasons for p in publishers), Counter())
+    print(
+        f"         {sent} publishes: {acks['success']} persisted, {acks['failure']} "
+        f"failed with a reason ({dict(reasons)}), "
+        f"{sent - acks['success'] - acks['failure']} unanswered",
+        flush=True,
+    )
+    return after
 
 
 def main(argv: list[str]) -> None:
@@ -303,7 +328,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--queries", type=int, default=10_000)
     parser.add_argument("--flood-seconds", type=float, default=10.0)
     parser.add_argument("--publishers", type=int, default=3)
-    parser.add_argument("--outage-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--outage-seconds",
+        type=float,
+        nargs="+",
+        default=[20.0],
+        help="one outage of each length, in turn, against the same worker (e.g. 20 20 40)",
+    )
     parser.add_argument("--publish-timeout", type=float, default=10.0)
     parser.add_argument("--only", choices=("flood", "outage"))
     parser.add_argument("--outage-target", choices=("sow", "log", "both"), default="both")

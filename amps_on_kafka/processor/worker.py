@@ -312,6 +312,7 @@ class Worker(Assignment, Applying):
                     records = consume_available(consumer, BATCH_SIZE, self._wait_time())
                     if records:
                         self._apply(records)
+                        self.idle_trim.applied()
                     else:
                         self.idle_trim.idle()
                     del records

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from amps_on_kafka.log.kafka import end_offsets
-from amps_on_kafka.processor.memory import SLACK, resident_bytes
+from amps_on_kafka.processor.memory import SLACK, IdleTrim, resident_bytes
 from tests.sow.conftest import sow_config
 
 MIB = 1024 * 1024
@@ -34,3 +34,16 @@ def test_a_burst_of_large_records_leaves_no_resident_memory_behind(
         assert time.monotonic() < deadline, f"{grown} MiB kept after the burst"
         time.sleep(0.1)
     assert worker.idle_trim.trims >= 1
+
+
+def test_the_idle_trim_follows_applied_records_at_most_every_interval():
+    trim = IdleTrim(slack=-1, interval=3600)  # always above the low mark
+    trim.idle()  # the first idle turn sets the low mark
+    trim.idle()  # nothing applied since: nothing can have been freed by the loop
+    assert trim.trims == 0
+    trim.applied()
+    trim.idle()
+    assert trim.trims == 1
+    trim.applied()
+    trim.idle()  # within the interval
+    assert trim.trims == 1
