@@ -125,10 +125,15 @@ def _gateway(gateway: dict[str, Any]) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "amps_gateway_subscriptions", "Subscriptions now", gateway["subscriptions"]
     )
+    yield GaugeMetricFamily(
+        "amps_gateway_queued_bytes",
+        "Bytes queued unsent for all connections now (bound: MaxBufferedBytes)",
+        gateway["queued_bytes"],
+    )
     for name, text in (
         ("connections", "Connections accepted"),
         ("refused", "Connections refused beyond MaxConnections"),
-        ("slow_consumers", "Connections dropped as slow consumers (MaxQueuedBytes)"),
+        ("slow_consumers", "Connections dropped as slow consumers (Max{Queued,Buffered}Bytes)"),
         ("frames_in", "Frames received"),
         ("frames_out", "Frames sent"),
         ("bytes_in", "Bytes received"),

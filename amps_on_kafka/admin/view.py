@@ -199,6 +199,8 @@ def _gateway_parts(gateway: Gateway) -> dict[str, Any]:
             "connections": stats.connections,
             "refused": stats.refused,
             "slow_consumers": stats.slow_consumers,
+            # the sum MaxBufferedBytes bounds (each connection's is in `clients`)
+            "queued_bytes": sum(client["queued_bytes"] for client in clients),
             **vars(traffic),
             "publish_latency": _histogram(stats.publish_latency),
             "query_latency": _histogram(stats.query_latency),

@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 MAX_BACKLOG_CHANGES = 100_000
 MAX_BACKLOG_BYTES = 64 * 1024 * 1024
 JOB_CHANGES = 2_000  # changes one job takes: enough to spread a pool hop over many
+# ... and bytes of records: every subscription's frames of a job are held at once until
+# the loop writes them (each subscription encodes its own), so this bounds that copy
+JOB_BYTES = 4 * 1024 * 1024
 
 Blocking = Callable[..., Awaitable[Any]]  # Gateway.blocking: work on the gateway's pool
 
@@ -152,9 +155,7 @@ class Fanout:
                 work = self._take()
                 sinks = {topic: list(sinks) for topic, sinks in self._sinks.items()}
                 found, costs, broken = await self._blocking(_filter, work, sinks)
-                for number, sink, offered, frames in found:
-                    if not sink.closed:
-                        sink.on_frames(number, offered, frames)
+                _write(found)
                 for sink, reason in broken.items():
                     if not sink.closed:
                         sink.fail(reason)
@@ -167,13 +168,19 @@ class Fanout:
             self._job = None
 
     def _take(self) -> list[Waiting]:
-        """The oldest batches, up to JOB_CHANGES changes (at least one batch)."""
+        """The oldest batches, up to JOB_CHANGES changes and JOB_BYTES (at least one)."""
         work: list[Waiting] = []
-        taken = 0
-        while self._backlog and (not work or taken + self._backlog[0].changes <= JOB_CHANGES):
+        taken = held = 0
+        while self._backlog and (not work or self._fits(taken, held)):
             work.append(self._backlog.popleft())
             taken += work[-1].changes
+            held += work[-1].held
         return work
+
+    def _fits(self, taken: int, held: int) -> bool:
+        """Whether the backlog's next batch fits in a job that has these already."""
+        following = self._backlog[0]
+        return taken + following.changes <= JOB_CHANGES and held + following.held <= JOB_BYTES
 
     def _bound(self, costs: dict[ChangeSink, float]) -> None:
         """Over the backlog's bound: fail the subscription that cost the job the most."""
@@ -197,6 +204,16 @@ class Fanout:
         log.warning("failing a subscription to %s: %s", sink.topic, reason)
         sink.fail(reason)
         self._failed_at = backlog
+
+
+def _write(found: list[tuple[int, ChangeSink, int, bytes]]) -> None:
+    """Each sink's frames, in order, each freed once written (the transport copies it):
+    not all of a job's frames held until the last is written."""
+    found.reverse()
+    while found:
+        number, sink, offered, frames = found.pop()
+        if not sink.closed:
+            sink.on_frames(number, offered, frames)
 
 
 def _filter(work: list[Waiting], sinks: dict[str, list[ChangeSink]]) -> Found:

@@ -33,6 +33,7 @@ from amps_on_kafka.security.entitlements import Denied
 from amps_on_kafka.security.policy import PeerAccess, Security
 from amps_on_kafka.security.tls import server_context
 from amps_on_kafka.security.users import PEER_USER
+from amps_on_kafka.server.buffers import SendBudget
 from amps_on_kafka.server.cluster import Cluster
 from amps_on_kafka.server.fanout import Fanout
 from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump, PublishBudget
@@ -74,6 +75,7 @@ class Gateway:
         self.deletes = DeleteTracker()
         self.stats = GatewayStats()  # counted on the loop, read by the admin port
         self.fanout = Fanout(engine, self.loop, self.deletes, self.blocking)
+        self.buffers = SendBudget(settings.max_buffered_bytes, self.sessions)
         # Set by a worker in a group (cli/worker.py): queries span every worker's partitions.
         self.cluster: Cluster | None = None
         self.producer = _shared_producer(bootstrap, settings)
@@ -308,6 +310,7 @@ class Gateway:
 
     def forget(self, session: Session) -> None:
         self._sessions.discard(session)
+        self.buffers.forget(session)
         self.stats.closed.add(session.traffic)
         if session.client_name is not None and self._names.get(session.client_name) is session:
             del self._names[session.client_name]

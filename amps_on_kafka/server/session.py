@@ -22,7 +22,9 @@ Bounds (docs/operations.md, The gateway's bounds), so no client can grow the wor
 
 Slow consumers: replies go straight into the connection's write buffer. Queries and
 replays wait for it to drain; live deliveries can't wait (they would hold up every other
-subscriber), so a connection with more than `max_queued_bytes` unsent is disconnected.
+subscriber), so a connection with more than `max_queued_bytes` unsent is disconnected,
+and so is the one holding the most when all connections together hold more than
+MaxBufferedBytes (server/buffers.py).
 
 A connection closed for a reason is first sent a failure ack without `cid` naming it.
 """
@@ -99,6 +101,7 @@ class Session:
         self.subscriptions: dict[str, Subscription] = {}
         self.closed = False
         self.traffic = Traffic()  # frames and bytes, read by the admin port
+        self.queued = 0  # unsent bytes after the last write, counted by gateway.buffers
         self._writes: Writes | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # Seconds left to wait for the client to finish the frame it began (or to log on).
@@ -306,25 +309,44 @@ class Session:
         `count` of them, when the caller knows (else they are counted)."""
         if self.closed:
             return
+        transport, limit = self.writer.transport, self.gateway.max_queued_bytes
+        queued = transport.get_write_buffer_size()
+        # A buffer not empty means the kernel's is full: all of `frames` would be held.
+        # Cut before copying them, so that the buffer never holds more than the limit.
+        if queued and queued + len(frames) > limit:
+            self.cut_slow_consumer(f"more than MaxQueuedBytes ({limit:,}) queued unsent")
+            return
         self.writer.write(frames)
         traffic = self.traffic
         traffic.frames_out += count_frames(frames) if count is None else count
         traffic.bytes_out += len(frames)
-        if self.writer.transport.get_write_buffer_size() > self.gateway.max_queued_bytes:
-            log.warning(
-                "%r: disconnecting a slow consumer, more than %d bytes queued",
-                self,
-                self.gateway.max_queued_bytes,
-                extra={
-                    "event": "slow_consumer",
-                    "client": self.client_name,
-                    "peer": self.peer,
-                    "subscriptions": len(self.subscriptions),
-                },
-            )
-            self.gateway.stats.slow_consumers += 1
-            self.writer.transport.abort()
-            self.close()
+        queued = transport.get_write_buffer_size()
+        if queued > limit:
+            self.cut_slow_consumer(f"more than MaxQueuedBytes ({limit:,}) queued unsent")
+            return
+        self.gateway.buffers.note(self, queued)
+
+    def cut_slow_consumer(self, reason: str) -> None:
+        """Disconnect a client that does not take its deliveries fast enough: live
+        deliveries can't wait for it. The failure ack naming `reason` is sent only if
+        little is queued before it (CLOSE_FLUSH_BYTES): the rest is dropped, not kept
+        for a client that may never read it, and the ack would come after it."""
+        log.warning(
+            "%r: disconnecting a slow consumer: %s",
+            self,
+            reason,
+            extra={
+                "event": "slow_consumer",
+                "client": self.client_name,
+                "peer": self.peer,
+                "subscriptions": len(self.subscriptions),
+                "reason": reason,
+            },
+        )
+        self.gateway.stats.slow_consumers += 1
+        if self.writer.transport.get_write_buffer_size() <= CLOSE_FLUSH_BYTES:
+            self.writer.write(encode_frame(ack({}, "processed", f"slow consumer: {reason}")))
+        self.close()
 
     def fail(self, request: dict[str, Any], reason: str, error: AmpsError | None = None) -> None:
         """A failure ack for a command (or a frame) the session could not carry out; its

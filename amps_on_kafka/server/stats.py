@@ -78,7 +78,7 @@ class GatewayStats:
 
     connections: int = 0  # accepted
     refused: int = 0  # beyond MaxConnections
-    slow_consumers: int = 0  # disconnected for more than MaxQueuedBytes unsent
+    slow_consumers: int = 0  # disconnected: MaxQueuedBytes, or MaxBufferedBytes in all
     closed: Traffic = field(default_factory=Traffic)
     publish_latency: Latencies = field(default_factory=Latencies)  # to the persisted ack
     query_latency: Latencies = field(default_factory=Latencies)  # to the group_end

@@ -163,7 +163,9 @@ def fanned_out(gateway: Gateway, timeout: float = 30.0) -> None:
 
 
 @pytest.fixture
-def direct(bootstrap, tmp_path) -> Iterator[tuple[Direct, Gateway]]:
+def direct(bootstrap, tmp_path, request) -> Iterator[tuple[Direct, Gateway]]:
+    """A gateway over a store the test fills; its Gateway settings parametrizable
+    (indirect), else a 1 MiB MaxQueuedBytes."""
     config = Config.model_validate(
         {
             "Topics": [{"Name": TOPIC}],
@@ -173,7 +175,7 @@ def direct(bootstrap, tmp_path) -> Iterator[tuple[Direct, Gateway]]:
     engine = SteppedEngine(config, {TOPIC: SowRules(config.sow[0], JSON)}, now_ms)
     store = PartitionStore(tmp_path / "store", TOPIC, 0, JSON)
     engine.attach(store)
-    settings = GatewayConfig(max_queued_bytes=1024 * 1024)
+    settings = getattr(request, "param", GatewayConfig(max_queued_bytes=1024 * 1024))
     gateway = Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings)
     gateway.start()
     yield Direct(engine, store), gateway

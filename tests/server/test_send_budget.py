@@ -1,0 +1,85 @@
+"""Gateway.MaxBufferedBytes: the bytes queued unsent for all connections together are
+bounded (server/buffers.py), not only each connection's (MaxQueuedBytes).
+
+Three subscribers read nothing while 40 MB of changes are fanned out: the kernel's socket
+buffers take a few MB of each connection's (a receive buffer that is not read does not
+grow), the gateway queues the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from pydantic import ValidationError
+
+from amps_on_kafka.config.model import GatewayConfig
+from tests.server.conftest import TOPIC, fanned_out
+from tests.server.helpers import Wire, is_ack
+
+MIB = 1024 * 1024
+# Without the budget the subscriber of everything would hold up to 40 MB: under its own
+# MaxQueuedBytes (64 MiB), so only the budget can cut it. The two that read 1/8 each
+# hold at most 5 MB each, under the budget together: they must not be cut.
+BUDGET = GatewayConfig(max_buffered_bytes=12 * MIB)
+GROUPS = 8
+BATCHES, PER_BATCH, PAD = 400, 10, "x" * 10_000  # 4,000 records, 40 MB
+
+
+def subscribed(wire: Wire, name: str, group: int | None = None) -> Wire:
+    wire.logon(name)
+    header = {"c": "subscribe", "cid": "s", "t": TOPIC, "a": "processed"}
+    if group is not None:
+        header["f"] = f"/g = {group}"
+    assert is_ack(wire.request(header), "processed")
+    return wire
+
+
+def publish_all(source) -> None:
+    for batch in range(BATCHES):
+        keys = [f"{batch}-{i}" for i in range(PER_BATCH)]
+        source.upsert(
+            **{
+                key: {"id": key, "g": (batch * PER_BATCH + i) % GROUPS, "pad": PAD}
+                for i, key in enumerate(keys)
+            }
+        )
+
+
+def keys_of(group: int) -> list[str]:
+    every = [f"{b}-{i}" for b in range(BATCHES) for i in range(PER_BATCH)]
+    return [key for n, key in enumerate(every) if n % GROUPS == group]
+
+
+@pytest.mark.parametrize("direct", [BUDGET], indirect=True)
+def test_past_the_budget_the_largest_holder_is_cut_and_the_others_are_served(
+    direct, wire_to, caplog
+):
+    source, gateway = direct
+    big = subscribed(wire_to(gateway.address), "big")
+    small = [subscribed(wire_to(gateway.address), f"small{g}", g) for g in (1, 2)]
+    bystander = subscribed(wire_to(gateway.address), "bystander", 3)
+    wanted = len(keys_of(3))
+    got: list[str] = []
+    reader = threading.Thread(
+        target=lambda: got.extend(bystander.recv().header["k"] for _ in range(wanted))
+    )
+    reader.start()
+    publish_all(source)
+    fanned_out(gateway)
+    reader.join(30)
+    assert got == keys_of(3)  # served throughout, while the others held their bytes
+    assert gateway.buffers.total <= BUDGET.max_buffered_bytes  # an upper bound of the real sum
+    assert big.is_closed()
+    [cut] = [r for r in caplog.records if getattr(r, "event", None) == "slow_consumer"]
+    assert cut.client == "big" and "MaxBufferedBytes (12,582,912)" in cut.reason
+    assert gateway.stats.slow_consumers == 1  # amps_gateway_slow_consumers_total
+    for group, wire in zip((1, 2), small, strict=True):  # not cut: everything, in order
+        assert [wire.recv().header["k"] for _ in range(wanted)] == keys_of(group)
+    assert is_ack(bystander.request({"c": "heartbeat", "cid": "hb"}), "heartbeat")
+
+
+def test_max_buffered_bytes_is_checked_at_load():
+    with pytest.raises(ValidationError, match="MaxBufferedBytes"):
+        GatewayConfig.model_validate({"MaxBufferedBytes": 1000})
+    assert GatewayConfig().max_buffered_bytes == 256 * MIB
