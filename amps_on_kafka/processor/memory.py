@@ -43,18 +43,20 @@ def resident_bytes() -> int | None:
 
 class IdleTrim:
     """Trims at an idle turn of the worker's loop that follows applied records, once the
-    resident size is SLACK beyond the lowest it was after a trim (or at the first idle
-    turn), at most every INTERVAL seconds. The low mark never rises: a trim at an outage's
-    peak (the gateway holding its whole budget) must not hide what the apply after it
-    frees. A worker whose state keeps it above the mark trims at most every INTERVAL while
-    records arrive (a trim walks glibc's free lists: 34 ms over 300 MB of freed small
-    blocks), never while nothing arrives."""
+    resident size is SLACK above the lowest it was after a trim (or at the first idle
+    turn): at once when it also grew SLACK since the last trim, else at most every
+    INTERVAL seconds. The low mark never rises: a trim at an outage's peak (the gateway
+    holding its whole budget) must not hide what the apply after it frees. A worker whose
+    state keeps it above the mark trims at most every INTERVAL while records arrive (a
+    trim walks glibc's free lists: 34 ms over 300 MB of freed small blocks), never while
+    nothing arrives."""
 
     def __init__(self, slack: int = SLACK, interval: float = INTERVAL) -> None:
         self.slack = slack
         self.interval = interval
-        self.low: int | None = None
+        self.low: int | None = None  # the lowest resident size after a trim
         self.trims = 0
+        self._after_last = 0  # the resident size after the last trim
         self._applied = False  # records applied since the last trim
         self._last = -math.inf  # time.monotonic() of the last trim
 
@@ -69,10 +71,16 @@ class IdleTrim:
         if resident is None:
             return
         if self.low is None:
-            self.low = resident
-        elif resident > self.low + self.slack and time.monotonic() - self._last >= self.interval:
+            self.low = self._after_last = resident
+        elif resident > self.low + self.slack and self._due(resident):
             release_freed_memory()
             self.trims += 1
             self._applied = False
             self._last = time.monotonic()
-            self.low = min(self.low, resident_bytes() or resident)
+            self._after_last = resident_bytes() or resident
+            self.low = min(self.low, self._after_last)
+
+    def _due(self, resident: int) -> bool:
+        """A burst (SLACK more than after the last trim) trims at once, else each INTERVAL."""
+        grew = resident > self._after_last + self.slack
+        return grew or time.monotonic() - self._last >= self.interval
