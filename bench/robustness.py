@@ -3,7 +3,9 @@
     python -m bench robustness [--records 100] [--queries 10000] [--flood-seconds 10]
                                [--publishers 3] [--outage-seconds 20 [20 40 ...]]
                                [--publish-timeout 10]
-                               [--only flood|outage] [--outage-target sow|log|both]
+                               [--only flood|outage|slow] [--outage-target sow|log|both]
+                               [--slow-subscribers 8] [--slow-records 1500]
+                               [--max-buffered-bytes BYTES]
 
 The worker is the real `amps-kafka worker`, in a process of its own, so its resident
 memory (VmRSS) is the worker's alone; the clients run here. Each scenario reports the
@@ -26,6 +28,12 @@ another client saw meanwhile (median, 99th percentile, worst).
   make several outages in a row against the same worker (one of each length), and the
   RSS after each later one is compared with the RSS after the first: what an outage
   leaves behind must not grow with their number or their length.
+- slow: `--slow-subscribers` connections subscribe to a SOW topic and never read while a
+  kafka:// client publishes `--slow-records` records of 200 KB (50 keys). Reported: how
+  many of them the gateway cut as slow consumers (MaxQueuedBytes per connection,
+  MaxBufferedBytes for all: `--max-buffered-bytes`, else the default), and the RSS with
+  them open and after they are closed. Before the gateway-wide bound, 8 took a worker
+  from 69 MiB to 1.7 GiB (2.0 GiB peak).
 """
 
 from __future__ import annotations
@@ -69,15 +77,19 @@ def rss_mib(pid: int) -> float:
 
 @contextmanager
 def worker(
-    servers: str, topic: str, publish_timeout: float, log_topic: str | None = None
+    servers: str,
+    topic: str,
+    publish_timeout: float,
+    log_topic: str | None = None,
+    gateway: dict[str, object] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """`amps-kafka worker` on a free port, serving `topic`'s SOW (and `log_topic`, a topic
-    without a SOW, when given); yields (pid, address)."""
+    without a SOW, when given), with more `gateway` settings; yields (pid, address)."""
     work = Path(tempfile.mkdtemp(prefix="bench-robustness-"))
     config = {
         "Topics": [{"Name": name} for name in (topic, log_topic) if name is not None],
         "SOW": [{"Topic": topic, "Key": "/id"}],
-        "Gateway": {"PublishTimeout": f"{publish_timeout:g}s"},
+        "Gateway": {"PublishTimeout": f"{publish_timeout:g}s", **(gateway or {})},
         "Authentication": {"Anonymous": True},
     }
     (work / "config.yaml").write_text(yaml.safe_dump(config))
@@ -205,6 +217,46 @@ def flood(servers: str, args: argparse.Namespace) -> None:
 def _send_quietly(sock: socket.socket, data: bytes) -> None:
     with suppress(OSError):  # fails once we close
         sock.sendall(data)  # blocks while the gateway paces us
+
+
+def slow(servers: str, args: argparse.Namespace) -> None:
+    topic = new_topic(servers, "robustness-slow", 2, key=("/id",))
+    gateway = {"MaxBufferedBytes": args.max_buffered_bytes} if args.max_buffered_bytes else {}
+    with worker(servers, topic, args.publish_timeout, gateway=gateway) as (pid, address):
+        before = settle(pid, 2)
+        subscribers = [connect(address, f"bench-slow-{n}") for n in range(args.slow_subscribers)]
+        for n, sock in enumerate(subscribers):
+            sock.sendall(encode_frame({"c": "subscribe", "cid": "s", "t": topic, "sub_id": str(n)}))
+        with Watch(pid, address) as watch, Client("bench-slow-publisher") as client:
+            client.connect(f"kafka://{servers}")
+            client.logon()
+            blob = "x" * 200_000
+            for n in range(args.slow_records):
+                client.publish(topic, {"id": n % 50, "blob": blob})
+            client.publish_flush(120)
+            open_rss = settle(pid)  # the worker applies and fans out meanwhile
+        cut = sum(_closed(sock) for sock in subscribers)
+        for sock in subscribers:
+            sock.close()
+        show("slow", before, watch, settle(pid))
+        print(
+            f"         {cut} of {len(subscribers)} cut as slow consumers; RSS {open_rss:.0f} MiB "
+            "5 s after the publishes, the others still open",
+            flush=True,
+        )
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the gateway closed this connection (what it still had is read and dropped)."""
+    sock.settimeout(2.0)
+    try:
+        while sock.recv(1 << 20):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:  # reset
+        pass
+    return True
 
 
 class Publisher:
@@ -336,11 +388,16 @@ def main(argv: list[str]) -> None:
         help="one outage of each length, in turn, against the same worker (e.g. 20 20 40)",
     )
     parser.add_argument("--publish-timeout", type=float, default=10.0)
-    parser.add_argument("--only", choices=("flood", "outage"))
+    parser.add_argument("--slow-subscribers", type=int, default=8)
+    parser.add_argument("--slow-records", type=int, default=1500)
+    parser.add_argument("--max-buffered-bytes", type=int, help="Gateway MaxBufferedBytes")
+    parser.add_argument("--only", choices=("flood", "outage", "slow"))
     parser.add_argument("--outage-target", choices=("sow", "log", "both"), default="both")
     args = parser.parse_args(argv)
     print(f"worker RSS (VmRSS of the worker process), {os.cpu_count()} cores", flush=True)
-    if args.only != "outage":
+    if args.only in (None, "flood"):
         flood(bootstrap(), args)
-    if args.only != "flood":
+    if args.only in (None, "slow"):
+        slow(bootstrap(), args)
+    if args.only in (None, "outage"):
         outage(args)

@@ -21,6 +21,12 @@ left are not catching up either), the subscription whose filtering took the long
 that job is failed with a reason (a failure ack naming it), as a reader too slow for its
 deliveries is disconnected: live changes can't wait for one subscriber.
 
+A job takes at most JOB_BYTES of records (a larger batch goes in pieces), and its frames
+are freed as they are written: each subscription encodes its own, so a job holds its
+records' size once per subscription of their topic until the loop writes them (a worker
+turn applies up to 5,000 records of any size: 8 subscriptions to 100 MB of them held
+800 MB of frames at once before).
+
 Batch numbers let sow_and_subscribe join its snapshot to the live stream exactly: see
 Boundary.
 """
@@ -71,12 +77,14 @@ class ChangeSink(Protocol):
 
 
 class Waiting(NamedTuple):
-    """A batch in the backlog, with what it holds (BatchApplied.size)."""
+    """A batch in the backlog, with what it holds (BatchApplied.size); or a piece of one
+    (its changes from `start`): a batch of more than JOB_BYTES goes in pieces."""
 
     number: int
     applied: BatchApplied
     changes: int  # 0: nothing to filter (no subscription when it came), only its turn
     held: int
+    start: int = 0
 
 
 # What a job found: each sink's frames per batch, in order; each sink's filtering time;
@@ -162,7 +170,10 @@ class Fanout:
                 for done in work:
                     self.backlog_changes -= done.changes
                     self.backlog_bytes -= done.held
-                self.delivered = work[-1].number
+                last = work[-1].number  # all written, unless the rest of it is to come
+                self.delivered = (
+                    last - 1 if self._backlog and self._backlog[0].number == last else last
+                )
                 self._bound(costs)
         finally:
             self._job = None
@@ -172,10 +183,24 @@ class Fanout:
         work: list[Waiting] = []
         taken = held = 0
         while self._backlog and (not work or self._fits(taken, held)):
-            work.append(self._backlog.popleft())
+            work.append(self._next_piece())
             taken += work[-1].changes
             held += work[-1].held
         return work
+
+    def _next_piece(self) -> Waiting:
+        """The backlog's oldest batch, or its first JOB_BYTES (about: the changes are
+        counted off as if their records were of one size) if it holds more."""
+        first = self._backlog[0]
+        if first.held <= JOB_BYTES or first.changes <= 1:
+            return self._backlog.popleft()
+        count = max(1, first.changes * JOB_BYTES // first.held)
+        held = first.held * count // first.changes
+        piece = first._replace(changes=count, held=held)
+        self._backlog[0] = first._replace(
+            changes=first.changes - count, held=first.held - held, start=first.start + count
+        )
+        return piece
 
     def _fits(self, taken: int, held: int) -> bool:
         """Whether the backlog's next batch fits in a job that has these already."""
@@ -222,9 +247,9 @@ def _filter(work: list[Waiting], sinks: dict[str, list[ChangeSink]]) -> Found:
     found: list[tuple[int, ChangeSink, int, bytes]] = []
     costs: dict[ChangeSink, float] = defaultdict(float)
     broken: dict[ChangeSink, str] = {}
-    for number, applied, count, _ in work:
+    for number, applied, count, _, start in work:
         by_topic: dict[str, list[Change]] = defaultdict(list)
-        for change in applied.changes if count else ():
+        for change in applied.changes[start : start + count] if count else ():
             if change.topic in sinks:
                 by_topic[change.topic].append(change)
         for topic, changes in by_topic.items():
