@@ -8,12 +8,14 @@ grow), the gateway queues the rest.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
 from pydantic import ValidationError
 
 from amps_on_kafka.config.model import GatewayConfig
+from amps_on_kafka.server import fanout
 from tests.server.conftest import TOPIC, fanned_out
 from tests.server.helpers import Wire, is_ack
 
@@ -77,6 +79,46 @@ def test_past_the_budget_the_largest_holder_is_cut_and_the_others_are_served(
     for group, wire in zip((1, 2), small, strict=True):  # not cut: everything, in order
         assert [wire.recv().header["k"] for _ in range(wanted)] == keys_of(group)
     assert is_ack(bystander.request({"c": "heartbeat", "cid": "hb"}), "heartbeat")
+
+
+@pytest.mark.parametrize("direct", [GatewayConfig(max_queued_bytes=64 * 1024)], indirect=True)
+def test_a_slow_consumer_with_little_queued_is_told_why_before_the_close(direct, wire_to):
+    """The limit is checked before a write: with 10 KB deliveries the buffer holds at most
+    64 KiB when the one that would pass it comes, so the failure ack can follow it."""
+    source, gateway = direct
+    slow = subscribed(wire_to(gateway.address), "slow")
+    for n in range(1_000):  # 10 MB, one record per batch: far past the socket buffers
+        source.upsert(**{str(n): {"id": str(n), "g": 0, "pad": PAD}})
+    fanned_out(gateway)
+    frames = []
+    with contextlib.suppress(ConnectionError):
+        while True:
+            frames.append(slow.recv())
+    assert frames[-1].header["status"] == "failure"
+    assert (
+        frames[-1].header["reason"]
+        == "slow consumer: more than MaxQueuedBytes (65,536) queued unsent"
+    )
+    assert [f.header["k"] for f in frames[:-1]] == [str(n) for n in range(len(frames) - 1)]
+    assert len(frames) - 1 < 1_000  # cut before the end, nothing missing before the ack
+
+
+def test_a_batch_larger_than_a_job_goes_in_pieces_in_order(direct, wire_to, monkeypatch):
+    """A fan-out job takes at most JOB_BYTES of records (each subscription's frames of a
+    job are held at once): a larger batch is cut in pieces, delivered whole and in order."""
+    monkeypatch.setattr(fanout, "JOB_BYTES", 25_000)  # about 2 of these records
+    source, gateway = direct
+    reader = subscribed(wire_to(gateway.address), "reader")
+    jobs = []  # the bytes of records each job took
+    real = gateway.fanout._blocking
+    gateway.fanout._blocking = lambda work, items, sinks: (
+        jobs.append(sum(piece.held for piece in items)) or real(work, items, sinks)
+    )
+    keys = [str(n) for n in range(9)]
+    source.upsert(**{key: {"id": key, "g": 0, "pad": PAD} for key in keys})
+    assert [reader.recv().header["k"] for _ in keys] == keys
+    fanned_out(gateway)
+    assert len(jobs) >= 4 and max(jobs) <= 25_000  # 9 records of 10 KB, 2 a job
 
 
 def test_max_buffered_bytes_is_checked_at_load():
