@@ -36,12 +36,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from amps_on_kafka.processor.engine import QueryResult, SowEngine
+from amps_on_kafka.processor.memory import release_freed_memory
 from amps_on_kafka.state.events import BatchApplied, Change
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ JOB_CHANGES = 2_000  # changes one job takes: enough to spread a pool hop over m
 # ... and bytes of records: every subscription's frames of a job are held at once until
 # the loop writes them (each subscription encodes its own), so this bounds that copy
 JOB_BYTES = 4 * 1024 * 1024
+TRIM_AFTER_BYTES = 64 * 1024 * 1024  # records fanned out before the backlog emptied
 
 Blocking = Callable[..., Awaitable[Any]]  # Gateway.blocking: work on the gateway's pool
 
@@ -105,7 +108,9 @@ class Fanout:
         self.engine = engine
         self.deletes = deletes
         self.batches = 0  # batches numbered so far; written only under engine.lock
-        self._last: BatchApplied | None = None
+        # the batch numbered last, weakly: Boundary asks about it during its notify, and
+        # holding it would keep a whole worker turn of records (old and new) alive
+        self._last: weakref.ref[BatchApplied] | None = None
         self._loop = loop
         self._blocking = blocking
         self._sinks: dict[str, set[ChangeSink]] = defaultdict(set)
@@ -119,13 +124,14 @@ class Fanout:
     # -- the worker's thread, under engine.lock ------------------------------------
     def listener(self, applied: BatchApplied) -> None:
         self.batches += 1
-        self._last = applied
+        self._last = weakref.ref(applied)
         with suppress(RuntimeError):  # the loop is closed: the gateway is stopping
             self._loop.call_soon_threadsafe(self._deliver, self.batches, applied)
 
     def number_of(self, applied: BatchApplied) -> int:
         """The number `applied` has, or gets when this listener runs after the caller."""
-        return self.batches if self._last is applied else self.batches + 1
+        last = self._last() if self._last is not None else None
+        return self.batches if last is applied else self.batches + 1
 
     # -- the event loop ------------------------------------------------------------
     def add(self, sink: ChangeSink) -> None:
@@ -157,10 +163,15 @@ class Fanout:
             self._job = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        """Jobs one after another while the backlog holds batches."""
+        """Jobs one after another while the backlog holds batches; then, if they held
+        TRIM_AFTER_BYTES of records, the memory their frames took goes back to the system
+        (`release_freed_memory`, on a thread: the worker's own trim came when its loop
+        went idle, before these were written, and an idle worker does not trim again)."""
+        filtered = 0
         try:
             while self._backlog:
                 work = self._take()
+                filtered += sum(piece.held for piece in work)
                 sinks = {topic: list(sinks) for topic, sinks in self._sinks.items()}
                 found, costs, broken = await self._blocking(_filter, work, sinks)
                 _write(found)
@@ -175,6 +186,8 @@ class Fanout:
                     last - 1 if self._backlog and self._backlog[0].number == last else last
                 )
                 self._bound(costs)
+            if filtered >= TRIM_AFTER_BYTES:
+                self._loop.run_in_executor(None, release_freed_memory)
         finally:
             self._job = None
 

@@ -58,7 +58,7 @@ class BatchApplied:
     thread (the gateway reads on its event loop), so building them takes a lock.
     """
 
-    __slots__ = ("_build", "_changes", "_lock", "results")
+    __slots__ = ("__weakref__", "_build", "_changes", "_lock", "results")
 
     def __init__(
         self,

@@ -121,6 +121,22 @@ def test_a_batch_larger_than_a_job_goes_in_pieces_in_order(direct, wire_to, monk
     assert len(jobs) >= 4 and max(jobs) <= 25_000  # 9 records of 10 KB, 2 a job
 
 
+def test_a_large_fan_out_hands_the_memory_it_freed_back_once_done(direct, wire_to, monkeypatch):
+    """The worker trims when its loop goes idle, before the gateway has written what it
+    applied; the fan-out trims once its backlog empties after TRIM_AFTER_BYTES."""
+    trimmed = threading.Event()
+    monkeypatch.setattr(fanout, "TRIM_AFTER_BYTES", 50_000)
+    monkeypatch.setattr(fanout, "release_freed_memory", trimmed.set)
+    source, gateway = direct
+    reader = subscribed(wire_to(gateway.address), "reader")
+    source.upsert(a={"id": "a", "g": 0, "pad": PAD})  # 10 KB: under the threshold
+    assert reader.recv().header["k"] == "a"
+    fanned_out(gateway)
+    assert not trimmed.is_set()
+    source.upsert(**{str(n): {"id": str(n), "g": 0, "pad": PAD} for n in range(6)})  # 60 KB
+    assert trimmed.wait(15)
+
+
 def test_max_buffered_bytes_is_checked_at_load():
     with pytest.raises(ValidationError, match="MaxBufferedBytes"):
         GatewayConfig.model_validate({"MaxBufferedBytes": 1000})
