@@ -24,8 +24,8 @@ deliveries is disconnected: live changes can't wait for one subscriber.
 A job takes at most JOB_BYTES of records (a larger batch goes in pieces), and its frames
 are freed as they are written: each subscription encodes its own, so a job holds its
 records' size once per subscription of their topic until the loop writes them (a worker
-turn applies up to 5,000 records of any size: 8 subscriptions to 100 MB of them held
-800 MB of frames at once before).
+turn applies up to 5,000 records of any size, all one batch: with 8 subscriptions,
+100 MB of them made 800 MB of frames at once before).
 
 Batch numbers let sow_and_subscribe join its snapshot to the live stream exactly: see
 Boundary.
