@@ -56,10 +56,12 @@ from pathlib import Path
 
 import orjson
 import yaml
+from confluent_kafka.admin import AdminClient
 
 from amps_on_kafka.broker.local import LocalBroker
 from amps_on_kafka.broker.testing import free_ports
 from amps_on_kafka.client import Client
+from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.protocol.frames import FrameDecoder, encode_frame
 from bench.common import bootstrap, documents, new_topic
 
@@ -221,6 +223,16 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
 
 def slow(servers: str, args: argparse.Namespace) -> None:
     topic = new_topic(servers, "robustness-slow", 2, key=("/id",))
+    try:
+        slow_run(servers, topic, args)
+    finally:  # 300 MB of records: not left on the broker
+        admin = AdminClient({"bootstrap.servers": servers})
+        for deleted in admin.delete_topics([topic]).values():
+            deleted.result(30)  # the request is sent before this process exits
+        TopicRegistry(servers).unregister(topic)
+
+
+def slow_run(servers: str, topic: str, args: argparse.Namespace) -> None:
     gateway = {"MaxBufferedBytes": args.max_buffered_bytes} if args.max_buffered_bytes else {}
     with worker(servers, topic, args.publish_timeout, gateway=gateway) as (pid, address):
         before = settle(pid, 2)

@@ -57,7 +57,7 @@ JOB_CHANGES = 2_000  # changes one job takes: enough to spread a pool hop over m
 # ... and bytes of records: every subscription's frames of a job are held at once until
 # the loop writes them (each subscription encodes its own), so this bounds that copy
 JOB_BYTES = 4 * 1024 * 1024
-TRIM_AFTER_BYTES = 64 * 1024 * 1024  # records fanned out before the backlog emptied
+TRIM_AFTER_BYTES = 64 * 1024 * 1024  # frames made before the backlog emptied
 
 Blocking = Callable[..., Awaitable[Any]]  # Gateway.blocking: work on the gateway's pool
 
@@ -163,17 +163,18 @@ class Fanout:
             self._job = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        """Jobs one after another while the backlog holds batches; then, if they held
-        TRIM_AFTER_BYTES of records, the memory their frames took goes back to the system
-        (`release_freed_memory`, on a thread: the worker's own trim came when its loop
-        went idle, before these were written, and an idle worker does not trim again)."""
-        filtered = 0
+        """Jobs one after another while the backlog holds batches; then, if they made
+        TRIM_AFTER_BYTES of frames (every subscription's), the memory those took goes back
+        to the system (`release_freed_memory`, on a thread: the worker's own trim came when
+        its loop went idle, before these were written, and an idle worker does not trim
+        again)."""
+        made = 0
         try:
             while self._backlog:
                 work = self._take()
-                filtered += sum(piece.held for piece in work)
                 sinks = {topic: list(sinks) for topic, sinks in self._sinks.items()}
                 found, costs, broken = await self._blocking(_filter, work, sinks)
+                made += sum(len(frames) for _, _, _, frames in found)
                 _write(found)
                 for sink, reason in broken.items():
                     if not sink.closed:
@@ -186,7 +187,7 @@ class Fanout:
                     last - 1 if self._backlog and self._backlog[0].number == last else last
                 )
                 self._bound(costs)
-            if filtered >= TRIM_AFTER_BYTES:
+            if made >= TRIM_AFTER_BYTES:
                 self._loop.run_in_executor(None, release_freed_memory)
         finally:
             self._job = None

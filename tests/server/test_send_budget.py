@@ -123,7 +123,7 @@ def test_a_batch_larger_than_a_job_goes_in_pieces_in_order(direct, wire_to, monk
 
 def test_a_large_fan_out_hands_the_memory_it_freed_back_once_done(direct, wire_to, monkeypatch):
     """The worker trims when its loop goes idle, before the gateway has written what it
-    applied; the fan-out trims once its backlog empties after TRIM_AFTER_BYTES."""
+    applied; the fan-out trims once its backlog empties after making TRIM_AFTER_BYTES of frames."""
     trimmed = threading.Event()
     monkeypatch.setattr(fanout, "TRIM_AFTER_BYTES", 50_000)
     monkeypatch.setattr(fanout, "release_freed_memory", trimmed.set)
