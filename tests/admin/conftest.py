@@ -5,9 +5,8 @@ and the admin port; its stores flushed (and so its offsets committed) every 200 
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.error import HTTPError
 from urllib.request import urlopen
@@ -22,18 +21,9 @@ from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import create_topic, delete_topics
+from tests.polling import until
 
-
-def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> object:
-    """The condition's first true outcome, polled every 0.1 s up to `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        outcome = condition()
-        if outcome:
-            return outcome
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached after {timeout}s")
-        time.sleep(0.1)
+__all__ = ["until"]  # the admin tests import it from here
 
 
 @dataclass

@@ -42,8 +42,9 @@ from amps_on_kafka.state.sow import SowRules
 from tests.conftest import delete_topics
 from tests.log.conftest import records_of
 from tests.log.test_placement import grow
+from tests.polling import until
 from tests.sow.conftest import wait_caught_up
-from tests.sow.test_poison import set_max_message_bytes, until
+from tests.sow.test_poison import set_max_message_bytes
 from tests.sow.test_worker import sow_of
 
 PARTITIONS = 3

@@ -30,6 +30,7 @@ from amps_on_kafka.processor.changelog import (
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.state.record import NEVER, pack_record
 from amps_on_kafka.state.store import PartitionStore
+from tests import polling
 from tests.conftest import delete_topics
 from tests.scaling.helpers import session_timeout
 from tests.sow.test_poison import set_max_message_bytes
@@ -94,11 +95,8 @@ def delete_log(bootstrap: str, topic: str) -> None:
         consumer.close()
 
 
-def until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
+def until(condition, what: str) -> object:
+    return polling.until(condition, what, WAIT)
 
 
 def test_an_empty_state_dir_restores_records_and_deadlines_without_the_log(

@@ -11,7 +11,6 @@ peer may stay silent (peers.ANSWER_IDLE). About 10 s.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from amps_on_kafka.client import Client
 from amps_on_kafka.errors import AmpsError
+from tests.polling import until
 from tests.scaling.helpers import DEADLINE, partition_owners, session_timeout
 from tests.scaling.workers import WorkerProcess, write_config
 
@@ -58,10 +58,11 @@ def test_a_query_does_not_wait_on_a_frozen_peer_whose_partitions_moved(
         assert sorted(owners.values()) == ["w0", "w1"]  # the query needs the frozen one
         frozen, asked = workers
         address = asked.wait_ready()
-        deadline = time.monotonic() + DEADLINE  # both workers apply what was published
-        while sow_keys(address, topic) != list(range(KEYS)):
-            assert time.monotonic() < deadline, "the published keys were never all applied"
-            time.sleep(0.1)
+        until(  # both workers apply what was published
+            lambda: sow_keys(address, topic) == list(range(KEYS)),
+            "every published key applied",
+            DEADLINE,
+        )
 
         frozen.freeze()
         try:  # a gateway that waits out the frozen peer (30 s) makes the client give up

@@ -25,6 +25,7 @@ from amps_on_kafka.security.policy import PeerAccess
 from amps_on_kafka.security.users import PEER_USER
 from amps_on_kafka.server.gateway import Gateway
 from amps_on_kafka.server.peers import PeerLink
+from tests.polling import until
 from tests.security.gateway_fixtures import (
     FAILURE_DELAY,
     PASSWORDS,
@@ -230,12 +231,12 @@ def test_tls_handshakes_in_progress_count_against_max_connections(
     host, _, port = address.rpartition(":")
     try:
         silent = [socket.create_connection((host, int(port)), timeout=WAIT) for _ in range(2)]
-        _until(lambda: gateway._handshakes == 2)
+        until(lambda: gateway._handshakes == 2, "two handshakes held", WAIT, 0.01)
         with socket.create_connection((host, int(port)), timeout=WAIT) as one_more:
             assert b"too many connections" in one_more.recv(4096)
         for sock in silent:
             sock.close()
-        _until(lambda: gateway._handshakes == 0)
+        until(lambda: gateway._handshakes == 0, "the handshakes let go", WAIT, 0.01)
         wire = TlsWire(address, secured.certs, "carol")
         try:
             logon = wire.request({"c": "logon", "cid": "1", "client_name": "after-the-flood"})
@@ -244,13 +245,6 @@ def test_tls_handshakes_in_progress_count_against_max_connections(
             wire.close()
     finally:
         gateway.stop()
-
-
-def _until(condition, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def test_a_client_name_is_taken_over_only_by_its_own_user(secured: Secured) -> None:

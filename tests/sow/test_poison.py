@@ -10,10 +10,7 @@ partition where it does not belong split that key's state over two partitions.
 from __future__ import annotations
 
 import math
-import threading
-import time
 import uuid
-from collections.abc import Callable
 
 import pytest
 from click.testing import CliRunner
@@ -44,6 +41,7 @@ from amps_on_kafka.processor.worker import Worker, now_ms
 from amps_on_kafka.server.gateway import Gateway
 from amps_on_kafka.state.sow import Applied, DictState, SowRules
 from tests.conftest import delete_topics
+from tests.polling import until
 from tests.server.helpers import Wire
 from tests.sow.conftest import sow_config, wait_caught_up
 from tests.sow.test_worker import sow_of
@@ -66,14 +64,6 @@ def letters(bootstrap: str, topic: str) -> list[LogMessage]:
 
 def header(message: LogMessage, name: str) -> str:
     return dict(message.headers)[name].decode()  # type: ignore[arg-type]
-
-
-def until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "it") -> None:
-    """Wait for a condition the worker's thread brings about (it signals no event)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not reached after {timeout}s"
-        threading.Event().wait(0.05)
 
 
 # -- defect 1: an expiration no stored record can hold -----------------------------------
@@ -283,7 +273,7 @@ def test_a_dead_letter_topic_deleted_while_the_worker_runs_fails_each_try_at_onc
     worker = start_worker(sow_config(topic, 2, DeadLetterTopic=dead))
     delete_topics(bootstrap, [dead])
     produce(bootstrap, topic, [(b"{not json", None, 0)])
-    until(lambda: worker.dead_letter_failures >= 3, 8.0, "three tries (backoff 1 s, 2 s)")
+    until(lambda: worker.dead_letter_failures >= 3, "three tries (backoff 1 s, 2 s)", 8.0)
     assert f"DeadLetterTopic {dead!r} does not exist on Kafka" in caplog.text
     assert worker.next_offsets(topic)[0] is None  # still on its record
     admin = admin_client(bootstrap)  # held: the future fails if its client is freed
