@@ -14,8 +14,10 @@ from __future__ import annotations
 import ssl
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +55,23 @@ class Secured:
 
     def wire(self, cert: str | None = None) -> TlsWire:
         return TlsWire(self.address, self.certs, cert)
+
+    @contextmanager
+    def gateway_with(self, bootstrap: str, **updates: Any) -> Iterator[tuple[Gateway, str]]:
+        """Another gateway over the same worker and security, its settings changed by
+        `updates` (GatewayConfig fields): started, with its address; stopped at the end."""
+        gateway = Gateway(
+            self.worker.engine,
+            bootstrap,
+            listen="127.0.0.1:0",
+            settings=self.gateway.settings.model_copy(update=updates),
+            security=self.gateway.security,
+        )
+        address = gateway.start()
+        try:
+            yield gateway, address
+        finally:
+            gateway.stop()
 
 
 class TlsWire(Wire):

@@ -23,7 +23,6 @@ from amps_on_kafka.log.message import COMPLETED
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.security.policy import PeerAccess
 from amps_on_kafka.security.users import PEER_USER
-from amps_on_kafka.server.gateway import Gateway
 from amps_on_kafka.server.peers import PeerLink
 from tests.polling import until
 from tests.security.gateway_fixtures import (
@@ -163,15 +162,7 @@ def test_a_gateway_requiring_client_certificates_admits_only_their_holders(
     tls = secured.gateway.settings.tls
     assert tls is not None
     required = tls.model_copy(update={"require_client_certificate": True})
-    gateway = Gateway(
-        secured.worker.engine,
-        bootstrap,
-        listen="127.0.0.1:0",
-        settings=secured.gateway.settings.model_copy(update={"tls": required}),
-        security=secured.gateway.security,
-    )
-    address = gateway.start()
-    try:
+    with secured.gateway_with(bootstrap, tls=required) as (_, address):
         uri = f"tcps://alice:{PASSWORDS['alice']}@{address}/amps/json?ca={secured.certs}/ca.pem"
         wanted = "may require a client certificate"
         with pytest.raises(TransportError, match=wanted), Client("no-cert") as client:
@@ -183,8 +174,6 @@ def test_a_gateway_requiring_client_certificates_admits_only_their_holders(
             assert logon.header["user_id"] == "carol"
         finally:
             wire.close()
-    finally:
-        gateway.stop()
 
 
 def test_a_connection_that_never_ends_its_tls_handshake_is_closed_and_audited(
@@ -192,16 +181,8 @@ def test_a_connection_that_never_ends_its_tls_handshake_is_closed_and_audited(
 ) -> None:
     """A handshake must end within ReadTimeout: a connection that sends nothing is closed
     after it, and the refusal is an audit event."""
-    settings = secured.gateway.settings.model_copy(update={"read_timeout": 0.3})
-    gateway = Gateway(
-        secured.worker.engine,
-        bootstrap,
-        listen="127.0.0.1:0",
-        settings=settings,
-        security=secured.gateway.security,
-    )
-    host, _, port = gateway.start().rpartition(":")
-    try:
+    with secured.gateway_with(bootstrap, read_timeout=0.3) as (_, address):
+        host, _, port = address.rpartition(":")
         with (
             caplog.at_level(logging.WARNING, logger="amps_on_kafka.audit"),
             socket.create_connection((host, int(port)), timeout=WAIT) as silent,
@@ -209,8 +190,6 @@ def test_a_connection_that_never_ends_its_tls_handshake_is_closed_and_audited(
             assert silent.recv(1) == b""  # closed by the gateway, not by this side
         failed = [m for r in caplog.records if "TLS handshake failed" in (m := r.getMessage())]
         assert failed and "taking longer than 0.3 seconds" in failed[-1]
-    finally:
-        gateway.stop()
 
 
 def test_tls_handshakes_in_progress_count_against_max_connections(
@@ -219,17 +198,8 @@ def test_tls_handshakes_in_progress_count_against_max_connections(
     """Connections that never end their handshake hold sockets for up to ReadTimeout:
     with MaxConnections of them open, one more is refused at once, and once they are
     gone a client is served again."""
-    settings = secured.gateway.settings.model_copy(update={"max_connections": 2})
-    gateway = Gateway(
-        secured.worker.engine,
-        bootstrap,
-        listen="127.0.0.1:0",
-        settings=settings,
-        security=secured.gateway.security,
-    )
-    address = gateway.start()
-    host, _, port = address.rpartition(":")
-    try:
+    with secured.gateway_with(bootstrap, max_connections=2) as (gateway, address):
+        host, _, port = address.rpartition(":")
         silent = [socket.create_connection((host, int(port)), timeout=WAIT) for _ in range(2)]
         until(lambda: gateway._handshakes == 2, "two handshakes held", WAIT, 0.01)
         with socket.create_connection((host, int(port)), timeout=WAIT) as one_more:
@@ -243,8 +213,6 @@ def test_tls_handshakes_in_progress_count_against_max_connections(
             assert logon.header["status"] == "success"
         finally:
             wire.close()
-    finally:
-        gateway.stop()
 
 
 def test_a_client_name_is_taken_over_only_by_its_own_user(secured: Secured) -> None:
