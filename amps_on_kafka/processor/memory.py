@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import math
 import os
 import time
+from collections.abc import Callable
 
 SLACK = 32 * 1024 * 1024  # bytes of growth of the resident size before a trim
 INTERVAL = 5.0  # seconds between two trims at least
@@ -26,10 +28,17 @@ INTERVAL = 5.0  # seconds between two trims at least
 def release_freed_memory() -> None:
     """glibc's malloc_trim(0): return the free memory of every malloc arena to the
     system (not a leak: what glibc keeps for later). Nothing where libc has none."""
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """Looked up once: find_library may run ldconfig in a subprocess, and the worker's
+    loop trims on its own thread."""
+    libc = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
 
 
 def resident_bytes() -> int | None:
