@@ -85,4 +85,25 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The compiled core (native/, Rust through PyO3 and maturin; docs/architecture.md) is built
+# with cargo. Rust comes from rustup (https://rustup.rs); without it, Debian's cargo is
+# installed where we can. The build is redone only when native/'s sources change.
+if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null && can_install; then
+  echo "installing Rust's cargo (apt-get) ..." >&2
+  apt-get update -qq && apt-get install -y -qq cargo >/dev/null
+fi
+command -v cargo >/dev/null ||
+  fail "cargo builds the compiled core in native/: install Rust (https://rustup.rs, or Debian: apt-get install cargo)"
+native_stamp=.venv/.amps-native-stamp
+native_want="$(cat native/Cargo.toml native/pyproject.toml native/src/*.rs | sha256sum)"
+if [ "$(cat "$native_stamp" 2>/dev/null)" != "$native_want" ]; then
+  echo "building the compiled core (native/) into .venv ..." >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check ./native ||
+    fail "the compiled core in native/ did not build (cargo $(cargo --version 2>&1)); see the errors above"
+  echo "$native_want" > "$native_stamp"
+fi
+
 .venv/bin/python -m amps_on_kafka.broker fetch >/dev/null
