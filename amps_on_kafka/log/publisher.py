@@ -102,6 +102,7 @@ class LogPublisher:
         self._delivery = _delivery_type(self._delivered)
         self._routes: dict[str, Route | None] = {}
         self.publish_document = self._document_publisher()
+        self.publish_encoded = self._encoded_publisher()
 
     def spec(self, topic: str) -> TopicSpec:
         spec = self._specs.get(topic)
@@ -230,6 +231,66 @@ class LogPublisher:
             return sequence
 
         return publish
+
+    def _encoded_publisher(self) -> Callable[[str, bytes, int | None, Any], int | None]:
+        """`publish(topic, payload, sequence, on_delivery)` of a JSON payload already
+        encoded (the gateway's plain publishes), forwarded untouched, in one Python frame:
+        the record publish() writes for it, reported to `on_delivery(error, message)` as
+        Kafka gives it. None, having produced nothing, when publish() must take it: a
+        topic publish_document would not route, a payload that is not valid JSON or has
+        no key, a partition count to check, a producer queue full or a refusal — publish()
+        then raises the error it always has. The key is read as publish_document reads it.
+        It never polls: the producer is a shared one, whose owner serves the reports."""
+        routes, route_of, counts = self._routes, self._route, self._counts
+        monotonic = time.monotonic
+        loads, produce, sequences = orjson.loads, self._produce_call, self._sequences
+        publisher = self._publisher_header
+
+        def publish(
+            topic: str, payload: bytes, sequence: int | None, on_delivery: Any
+        ) -> int | None:
+            route = routes[topic] if topic in routes else route_of(topic)
+            if route is None:
+                return None
+            name, extract, field, partitions = route
+            try:
+                document = loads(payload)
+            except orjson.JSONDecodeError:
+                return None
+            key = None
+            if extract is not None:
+                known = document.get(field) if field and type(document) is dict else None
+                if type(known) is int:
+                    key = str(known)
+                elif type(known) is str and known:
+                    key = known
+                else:
+                    try:
+                        key = extract(document)
+                    except MessageError:
+                        return None
+                if partitions:
+                    cached = counts.get(name)
+                    if cached is None or cached[1] <= monotonic() or cached[0] != partitions:
+                        return None
+            if sequence is None:
+                sequence = next(sequences)
+            headers = [publisher, (H_SEQUENCE, b"%d" % sequence)]
+            if key is not None:
+                headers.append((H_SOW_KEY, key.encode()))
+            try:
+                produce(name, payload, key, headers=headers, on_delivery=on_delivery)
+            except (BufferError, KafkaException):
+                return None
+            return sequence
+
+        return publish
+
+    def routed(self, topic: str) -> bool:
+        """Whether publish_document and publish_encoded write `topic`'s publishes
+        themselves (else they hand every one to publish())."""
+        route = self._routes[topic] if topic in self._routes else self._route(topic)
+        return route is not None
 
     def _route(self, topic: str) -> Route | None:
         """What publish_document needs of a topic (a Route), or None when its publishes

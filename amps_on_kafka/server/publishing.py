@@ -32,10 +32,10 @@ import itertools
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -45,6 +45,7 @@ from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.memory import release_freed_memory
+from amps_on_kafka.protocol.frames import BadFrame, Frame
 from amps_on_kafka.security.entitlements import Denied
 from amps_on_kafka.server.cluster import RESULTS
 from amps_on_kafka.server.replies import ack
@@ -75,6 +76,9 @@ REFRESH_MARGIN = 5.0
 # What a command costs the budget beyond its payload: headers, key and librdkafka's own
 # per-message bookkeeping, so a flood of empty publishes is bounded too.
 RECORD_OVERHEAD = 256
+# A batch's records are numbered (batch number << BATCH_BITS) | index for their reports.
+BATCH_BITS = 32
+INDEX_MASK = (1 << BATCH_BITS) - 1
 
 
 class DeliveryPump:
@@ -84,7 +88,7 @@ class DeliveryPump:
         self._loop = loop
         self._producer = producer
         self._timeout = timeout
-        self._outcomes: deque[tuple[Outcome, PublishError | None]] = deque()
+        self._outcomes: deque[tuple[Callable[[Any], None], Any]] = deque()
         self._posted = False
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -105,13 +109,18 @@ class DeliveryPump:
         def persisted(error: PublishError | None, message: Message) -> None:
             if error is not None:
                 error = PublishError(self.failure_reason(message.error()))
-            self._outcomes.append((handler, error))
-            if not self._posted:  # one loop wake-up per burst of reports
-                self._posted = True
-                with suppress(RuntimeError):  # the loop is closed: the gateway stopped
-                    self._loop.call_soon_threadsafe(self._drain)
+            self.post(handler, error)
 
         return persisted
+
+    def post(self, handler: Callable[[Any], None], argument: Any) -> None:
+        """Run `handler(argument)` on the event loop, in the order posted (from the
+        thread serving the reports)."""
+        self._outcomes.append((handler, argument))
+        if not self._posted:  # one loop wake-up per burst of reports
+            self._posted = True
+            with suppress(RuntimeError):  # the loop is closed: the gateway stopped
+                self._loop.call_soon_threadsafe(self._drain)
 
     def failure_reason(self, error: KafkaError) -> str:
         """What the publisher is told: a timeout says how long Kafka was given."""
@@ -126,8 +135,8 @@ class DeliveryPump:
         self._posted = False
         outcomes = self._outcomes
         for _ in range(min(len(outcomes), DRAIN_SLICE)):
-            handler, error = outcomes.popleft()
-            handler(error)
+            handler, argument = outcomes.popleft()
+            handler(argument)
         if outcomes and not self._posted:
             self._posted = True
             self._loop.call_soon(self._drain)
@@ -160,10 +169,10 @@ class PublishBudget:
         self.peak = (0, 0)  # bytes, commands held at most since the budget was last empty
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
-    def take_now(self, size: int) -> bool:
-        """Take `size` bytes and one command if they fit now, ahead of nobody."""
-        if not self._waiting and self._fits(size):
-            self._take(size)
+    def take_now(self, size: int, commands: int = 1) -> bool:
+        """Take `size` bytes and `commands` commands if they fit now, ahead of nobody."""
+        if not self._waiting and self._fits(size, commands):
+            self._take(size, commands)
             return True
         return False
 
@@ -183,9 +192,9 @@ class PublishBudget:
                 self._grant()
             raise
 
-    def release(self, size: int) -> None:
+    def release(self, size: int, commands: int = 1) -> None:
         self.bytes -= size
-        self.commands -= 1
+        self.commands -= commands
         self._grant()
         if self.commands == 0:
             if self.peak[0] >= TRIM_AFTER_BYTES or self.peak[1] >= TRIM_AFTER_COMMANDS:
@@ -200,14 +209,15 @@ class PublishBudget:
                 self._take(size)
                 future.set_result(None)
 
-    def _fits(self, size: int) -> bool:
-        if self.commands >= self.max_commands:
+    def _fits(self, size: int, commands: int = 1) -> bool:
+        if self.commands + commands > self.max_commands:
             return False
-        return self.commands == 0 or self.bytes + size <= self.max_bytes
+        # one command larger than the byte budget goes alone; a batch never exceeds it
+        return (self.commands == 0 and commands == 1) or self.bytes + size <= self.max_bytes
 
-    def _take(self, size: int) -> None:
+    def _take(self, size: int, commands: int = 1) -> None:
         self.bytes += size
-        self.commands += 1
+        self.commands += commands
         peak = self.peak
         if self.bytes > peak[0] or self.commands > peak[1]:
             self.peak = (max(peak[0], self.bytes), max(peak[1], self.commands))
@@ -224,6 +234,7 @@ class PendingWrite:
     remaining: int = 0
     error: PublishError | None = None
     started: float = field(default_factory=time.perf_counter)  # for the admin's latencies
+    commands: ClassVar[int] = 1  # of the budget
 
     def persisted(self, error: PublishError | None) -> None:
         if error is not None and self.error is None:
@@ -231,6 +242,29 @@ class PendingWrite:
         self.remaining -= 1
         if self.remaining == 0:
             self.writes.finish(self)
+
+
+@dataclass(eq=False, slots=True)
+class PublishBatch:
+    """A run of plain publishes from one read, written together (publish_run): one
+    budget share, one ticket for flushes, and one outcome handed to the loop once Kafka
+    reported every record — where a PendingWrite, a Request, two callbacks and a
+    hand-off to the loop per command were a third of the gateway's time per publish.
+
+    Reports count down on the pump's thread while the loop may still be producing the
+    batch: `reports` (itertools.count, atomic under the GIL) is advanced by each report
+    and once by the loop's Writes.seal, which sets `expected` (the records produced)
+    first, so exactly one of them, the last, draws `expected`."""
+
+    number: int
+    ticket: int
+    size: int
+    commands: int
+    headers: list[dict[str, Any]] = field(default_factory=list)  # of the records produced
+    failures: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
+    expected: int = -1
+    reports: Iterator[int] = field(default_factory=itertools.count)
+    started: float = field(default_factory=time.perf_counter)
 
 
 class Writes:
@@ -244,9 +278,12 @@ class Writes:
         self.latencies = session.gateway.stats.publish_latency
         self._issued = itertools.count()
         self._last_ticket = -1
-        self._inflight: dict[int, PendingWrite] = {}  # in ticket order
+        self._inflight: dict[int, PendingWrite | PublishBatch] = {}  # in ticket order
         self._flushes: list[tuple[int, asyncio.Future[None]]] = []
         self._known: set[str] = set()
+        self._batches: dict[int, PublishBatch] = {}  # by number, until reported
+        self._batch_numbers = itertools.count()
+        self.delivery = _batch_delivery(self._batches, self.pump, self.finish_batch)
 
     async def spec(self, topic: str) -> TopicSpec:
         """The topic's spec, with its partition count fresh: both read Kafka now and then
@@ -294,6 +331,37 @@ class Writes:
         self._inflight[pending.ticket] = pending
         return pending
 
+    def open_batch(self, size: int, commands: int) -> PublishBatch:
+        """A batch holding a budget share of `size` bytes and `commands` commands."""
+        self._last_ticket = next(self._issued)
+        batch = PublishBatch(next(self._batch_numbers), self._last_ticket, size, commands)
+        self._inflight[batch.ticket] = batch
+        self._batches[batch.number] = batch
+        return batch
+
+    def seal(self, batch: PublishBatch, unused_size: int) -> None:
+        """The loop produced all it will of `batch`: the share of the commands it left
+        (`unused_size` bytes) is freed, and the batch finishes once every record it
+        produced is reported (now, if they all were)."""
+        produced = len(batch.headers)
+        if produced < batch.commands:
+            self.budget.release(unused_size, batch.commands - produced)
+            batch.size -= unused_size
+            batch.commands = produced
+        batch.expected = produced
+        if next(batch.reports) == produced:
+            self.finish_batch(batch)
+
+    def finish_batch(self, batch: PublishBatch) -> None:
+        """Kafka reported every record of `batch`: a failure ack for each that failed."""
+        del self._batches[batch.number]
+        for index, reason in sorted(batch.failures):
+            self.session.send(ack(batch.headers[index], "persisted", reason))
+        succeeded = batch.commands - len(batch.failures)
+        if succeeded:
+            self.latencies.observe(time.perf_counter() - batch.started, succeeded)
+        self._done(batch)
+
     def written(self, pending: PendingWrite, records: int) -> None:
         """The publisher produced `records` records for this command."""
         pending.remaining += records
@@ -314,9 +382,9 @@ class Writes:
                 self.session.send(ack(header, "persisted"))
         self._done(pending)
 
-    def _done(self, pending: PendingWrite) -> None:
+    def _done(self, pending: PendingWrite | PublishBatch) -> None:
         self._inflight.pop(pending.ticket, None)
-        self.budget.release(pending.size)
+        self.budget.release(pending.size, pending.commands)
         self._release_flushes()
 
     async def flushed(self) -> None:
@@ -338,6 +406,31 @@ class Writes:
             else:
                 waiting.append((target, future))
         self._flushes = waiting
+
+
+def _batch_delivery(
+    batches: dict[int, PublishBatch],
+    pump: DeliveryPump,
+    finish: Callable[[PublishBatch], None],
+) -> Callable[[int], Callable[[KafkaError | None, Message], None]]:
+    """The type of a session's batched records' delivery callbacks: `Delivery(number)`
+    is the record's number (batch << BATCH_BITS | index), an int made in C, as the
+    publisher's own (log/publisher.py's _delivery_type), that counts its batch down on
+    the pump's thread and posts the batch to the loop once it is the last report. A
+    failure keeps its index, so its ack answers the right command with the reason the
+    per-command path gives (DeliveryPump.failure_reason)."""
+
+    class Delivery(int):
+        __slots__ = ()
+
+        def __call__(self, error: KafkaError | None, message: Message) -> None:
+            batch = batches[self >> BATCH_BITS]
+            if error is not None:
+                batch.failures.append((self & INDEX_MASK, pump.failure_reason(error)))
+            if next(batch.reports) == batch.expected:
+                pump.post(finish, batch)
+
+    return Delivery
 
 
 def _placed(spec: TopicSpec) -> bool:
@@ -384,6 +477,66 @@ def publish_at_once(session: Session, header: dict[str, Any], payload: bytes) ->
 
 
 NO_ACKS: frozenset[str] = frozenset()
+
+
+def publish_run(session: Session, events: list[Frame | BadFrame], start: int) -> int:
+    """Write the run of plain publishes beginning at events[start] as one PublishBatch
+    and return the index of the first event not taken, which the session handles as
+    ever (the session checked its user: nothing to authorize). A frame publish_encoded
+    can't take (bad JSON, no key, a full producer queue...) ends the run, so its error
+    is the per-command path's; so does a run the budget has no room for at once.
+    Handling a read's publishes by the batch, not one by one, is what tcp:// publishing
+    needed (docs/performance.md)."""
+    writes = session.writes
+    end, size = _plain_run(session, writes, events, start)
+    if end == start or not writes.budget.take_now(size, end - start):
+        return start
+    batch = writes.open_batch(size, end - start)
+    publish, delivery, headers = writes.publisher.publish_encoded, writes.delivery, batch.headers
+    base, position = batch.number << BATCH_BITS, start
+    while position < end:
+        frame: Frame = events[position]  # type: ignore[assignment]
+        header = frame.header
+        record = delivery(base | len(headers))
+        if publish(header["t"], frame.payload, header.get("s"), record) is None:
+            break
+        headers.append(header)
+        position += 1
+    left: list[Frame] = events[position:end]  # type: ignore[assignment]
+    writes.seal(batch, sum(len(e.payload) for e in left) + RECORD_OVERHEAD * len(left))
+    return position
+
+
+def _plain_run(
+    session: Session, writes: Writes, events: list[Frame | BadFrame], start: int
+) -> tuple[int, int]:
+    """The end of the run of frames from `start` that publish_encoded may write, and
+    their budget share: publishes with no option but `s` (a whole number), to topics
+    whose specs are fresh (Writes.known_spec), routed by the publisher, and no queue's."""
+    queues, takes = session.gateway.queues, dict[str, bool]()
+    position, size = start, 0
+    while position < len(events):
+        event = events[position]
+        if type(event) is not Frame:
+            break
+        header = event.header
+        if header.get("c") != "publish" or len(header) != (3 if "s" in header else 2):
+            break
+        topic, sequence = header.get("t"), header.get("s", 0)
+        if type(topic) is not str or type(sequence) is not int or sequence < 0:
+            break
+        taken = takes.get(topic)
+        if taken is None:
+            taken = takes[topic] = (
+                writes.known_spec(topic) is not None
+                and writes.publisher.routed(topic)
+                and not (queues is not None and queues.serves(topic))
+            )
+        if not taken:
+            break
+        size += len(event.payload) + RECORD_OVERHEAD
+        position += 1
+    return position, size
 
 
 def _write(session: Session, pending: PendingWrite, topic: str, spec: TopicSpec) -> None:

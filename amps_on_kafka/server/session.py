@@ -126,11 +126,7 @@ class Session:
                 traffic.frames_in += len(events)
                 if events and self.client_name is not None:
                     self._patience = self.gateway.settings.read_timeout  # a new frame's turn
-                for event in events:
-                    if self.closed:
-                        break
-                    if not self._published_at_once(event):
-                        await self._handle(event)
+                await self._dispatch(events)
                 await self.drain()  # replies before more requests: the client's pace
         except ConnectionError:
             pass
@@ -158,6 +154,20 @@ class Session:
         if self.decoder.partial:
             return f"a frame begun was not completed within {limit:g}s (ReadTimeout)"
         return f"no logon within {limit:g}s of connecting (ReadTimeout)"
+
+    async def _dispatch(self, events: list[Frame | BadFrame]) -> None:
+        """Each frame in order: a run of plain publishes as one batch
+        (publishing.publish_run), anything else one by one."""
+        position = 0
+        while position < len(events) and not self.closed:
+            if self.client_name is not None and self._unchecked():
+                position = publishing.publish_run(self, events, position)
+                if position == len(events):
+                    return
+            event = events[position]
+            position += 1
+            if not self._published_at_once(event):
+                await self._handle(event)
 
     def _published_at_once(self, event: Frame | BadFrame) -> bool:
         """Write a plain publish without the layers of _handle: one that asks for no ack,

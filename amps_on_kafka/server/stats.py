@@ -42,9 +42,10 @@ class Latencies:
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.sum += seconds
+    def observe(self, seconds: float, times: int = 1) -> None:
+        """`times` observations of `seconds` (a batch of publishes persisted together)."""
+        self.counts[bisect_left(self.bounds, seconds)] += times
+        self.sum += seconds * times
 
     def cumulative(self) -> list[tuple[float, int]]:
         """(upper bound, observations at or below it), ending with +Inf."""
