@@ -5,10 +5,16 @@ writes (processor/standby.py). One code path, so both stores hold the same state
 from __future__ import annotations
 
 from collections import deque
+from functools import cache
+from typing import Any
 
 from confluent_kafka import Message
 
+from amps_on_kafka.log.codecs import JsonCodec
 from amps_on_kafka.log.envelope import (
+    _STATEFUL,
+    _TEXT,
+    H_SEQUENCE,
     Command,
     EnvelopeError,
     is_plain_publish,
@@ -16,6 +22,7 @@ from amps_on_kafka.log.envelope import (
     unreadable_headers,
 )
 from amps_on_kafka.log.message import LogMessage
+from amps_on_kafka.native import core
 from amps_on_kafka.state.events import Change
 from amps_on_kafka.state.record import NEVER, pack_header
 from amps_on_kafka.state.sow import Applied, SowRules
@@ -35,10 +42,9 @@ def replace_blind(
     what it must. A record whose headers don't read goes in `unreadable` (headers are
     read at most once: log/envelope.py read_headers).
 
-    Each step takes the whole batch (a comprehension, or a map over a C function), so
-    few Python frames run per record: is_plain_publish (a check of the batch's headers
-    all at once, with joins, cost as much), the decoding, nothing else
-    (docs/performance.md, "SOW apply"). A key twice in the batch is put twice, the
+    The records are staged by the compiled core when it is there and the topic's key is
+    one top-level field of JSON payloads (`compiled_stager`), else, or when it is not
+    sure, by its Python twin `blind_records`. A key twice in the batch is put twice, the
     later last, as the log has it.
     """
     headers: list = []
@@ -47,6 +53,35 @@ def replace_blind(
     except (SystemError, UnicodeDecodeError) as exc:
         unreadable[records[len(headers)].offset()] = unreadable_headers(exc)
         return None
+    compiled = compiled_stager(rules)
+    found = compiled(records, headers) if compiled is not None else None
+    if found is None:
+        found = blind_records(rules, records, headers)
+        if found is None:
+            return None
+    raw_keys, keys, stored = found
+    placement = rules.placement
+    if placement is not None and placement.misplaced(raw_keys, store.partition):
+        return None
+    staged = store.replacements()
+    deque(map(staged.put, raw_keys, stored), maxlen=0)  # every put, in C
+    staged.pairs.extend(zip(keys, stored, strict=True))
+    return staged
+
+
+StagedRecords = tuple[list[bytes], list[str], list[bytes]]  # raw keys, keys, records as stored
+
+
+def blind_records(rules: SowRules, records: list[Message], headers: list) -> StagedRecords | None:
+    """The keys (raw and as text) and records as stored of a batch of plain publishes
+    whose payloads decode and have a key, or None: the compiled core's twin
+    (native/src/staging.rs), and what runs for a batch the core leaves to it.
+
+    Each step takes the whole batch (a comprehension, or a map over a C function), so
+    few Python frames run per record: is_plain_publish (a check of the batch's headers
+    all at once, with joins, cost as much), the decoding, nothing else
+    (docs/performance.md, "SOW apply").
+    """
     payloads = [record.value() for record in records]
     if None in payloads or not all(map(is_plain_publish, headers)):
         return None
@@ -55,18 +90,29 @@ def replace_blind(
         raw_keys = [key.encode() for key in keys]
     except Exception:  # MessageError, or anything odd: the general path says why
         return None
-    placement = rules.placement
-    if placement is not None and placement.misplaced(raw_keys, store.partition):
-        return None
     pack = pack_header
     stored = [
         pack(record.offset(), record.timestamp()[1], NEVER) + payload
         for record, payload in zip(records, payloads, strict=True)
     ]
-    staged = store.replacements()
-    deque(map(staged.put, raw_keys, stored), maxlen=0)  # every put, in C
-    staged.pairs.extend(zip(keys, stored, strict=True))
-    return staged
+    return raw_keys, keys, stored
+
+
+def compiled_stager(rules: SowRules) -> Any:
+    """The compiled core's `blind_records` for the topic's key, or None (no core, a key
+    that is not one top-level field, payloads that are not JSON). Called as
+    `stager(records, headers)`, it gives what `blind_records` gives, or None where it is
+    not sure, and the twin decides (tests/native/test_staging.py holds it to that)."""
+    field = rules.keys.single_field
+    if core is None or field is None or type(rules.codec) is not JsonCodec:
+        return None
+    return _stager(field)
+
+
+@cache
+def _stager(field: str) -> Any:
+    assert core is not None
+    return core.BlindRecords(field, sorted(_STATEFUL), sorted(_TEXT), H_SEQUENCE)
 
 
 def log_messages(

@@ -1,10 +1,13 @@
 //! The compiled hot paths of amps_on_kafka. Each function here has a Python twin that
 //! gives the same result (held to it by differential property tests); the Python package
 //! uses this module when it is installed and its twin when it is not.
+mod staging;
+
 use pyo3::prelude::*;
 
 #[pymodule]
 fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", 1)?;
+    staging::register(m)?;
     Ok(())
 }
