@@ -10,6 +10,7 @@ duplicate.
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -252,13 +253,25 @@ class SowEngine:
         """query() without order_by, top_n or listener, one record at a time as the
         sources are read: the same consistent moment (each source is a snapshot taken
         here), so a gateway sends the first records while it reads the rest."""
-        sources, expired = self._snapshot(topic, self.sow_config(topic), filter)
+        sow = self.sow_config(topic)
+        if filter is None or filter.equalities(list(sow.key)) is None:
+            return self._scan(topic, filter)
+        sources, expired = self._snapshot(topic, sow, filter)
         return (
             record
             for source in sources
             for record in source
-            if not expired(record) and (filter is None or _matches(filter, record))
+            if not expired(record) and _matches(filter, record)
         )
+
+    def _scan(self, topic: str, filter: Filter | None) -> Iterator[SowRecord]:
+        """stream() of a filter that pins no key: each store's scan, its checks run on
+        the stored bytes (PartitionStore.scan_matching), from one moment (_snapshot's)."""
+        keep = filter.matches if filter is not None else None
+        with self.lock:
+            expired_by = self.clock() if self.rules[topic].expiring else None
+            sources = [store.scan_matching(keep, expired_by) for store in self._owned(topic)]
+        return itertools.chain.from_iterable(sources)
 
     def _snapshot(
         self,

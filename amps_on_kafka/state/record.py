@@ -21,6 +21,10 @@ MAX_DEADLINE = 2**63 - 1  # the largest deadline the packed header's signed 64 b
 #: pack_header(offset, timestamp, deadline): the bytes before the payload of a record as
 #: stored (pack_record), for code that packs a whole batch without a call per record.
 pack_header = _HEADER.pack
+#: unpack_header(stored) -> (offset, timestamp, deadline); the payload starts at HEADER_SIZE
+#: (a scan reads the header of a record it may skip without building a SowRecord).
+unpack_header = _HEADER.unpack_from
+HEADER_SIZE = _HEADER.size
 
 
 def pack_record(offset: int, timestamp: int, deadline: int, payload: bytes) -> bytes:

@@ -1,0 +1,99 @@
+"""SowEngine.stream (a gateway's unordered `sow`) answers as query() does.
+
+stream() of a filter that pins no key checks expiry and the filter on the stored bytes
+(PartitionStore.scan_matching) and builds only the records it keeps; query() builds
+every record and checks it (engine._rows_kept). Over a store holding live, expired and
+never-expiring records, payloads that don't decode and ones that decode to null, both
+must give the same records, in the same order, with the same data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from amps_on_kafka.config import Config
+from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.state.record import NEVER, SowRecord
+from amps_on_kafka.state.sow import SowRules
+from amps_on_kafka.state.store import PartitionStore, StateBatch
+
+TOPIC = "streamed"
+NOW = 1_000_000  # the engine's clock, ms
+RECORDS = 300
+FILTERS = [
+    None,
+    "/qty > 5",
+    "/qty = 3 OR /name = 'x'",
+    "/missing IS NULL",
+    "NOT /qty < 100",
+    "/id = 7",  # pins the key: stream's other path
+    "/id IN (1, 2, 250)",
+]
+
+
+def payload(i: int) -> bytes:
+    """Mostly documents; some that don't decode, some null, some arrays."""
+    if i % 17 == 0:
+        return b"{not json"
+    if i % 19 == 0:
+        return b"null"
+    if i % 23 == 0:
+        return b"[1, 2]"
+    return orjson.dumps({"id": i, "qty": i % 12, "name": "x" if i % 5 == 0 else "y"})
+
+
+def deadline(i: int) -> int:
+    """Never, past (at or before NOW: expired) or future."""
+    return (NEVER, NOW - 1, NOW, NOW + 1)[i % 4]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> Iterator[SowEngine]:
+    config = Config.model_validate(
+        {
+            "Topics": [{"Name": TOPIC}],
+            "SOW": [{"Topic": TOPIC, "Key": "/id", "Expiration": "enabled"}],
+        }
+    )
+    engine = SowEngine(config, {TOPIC: SowRules(config.sow[0], JSON)}, lambda: NOW)
+    stores = [
+        PartitionStore(tmp_path_factory.mktemp(f"p{p}") / "store", TOPIC, p, JSON) for p in (0, 1)
+    ]
+    for i in range(RECORDS):
+        store = stores[i % 2]
+        batch = StateBatch(store)
+        record = SowRecord(TOPIC, store.partition, str(i), payload(i), i, NOW - 10, deadline(i))
+        batch.set(str(i), record)
+        store.write(batch)
+    for store in stores:
+        engine.attach(store)
+    yield engine
+    for store in stores:
+        engine.detach(TOPIC, store.partition)
+        store.close()
+
+
+@pytest.mark.parametrize("text", FILTERS)
+def test_a_stream_answers_as_the_query_does(engine: SowEngine, text: str | None) -> None:
+    filter = compile_filter(text) if text is not None else None
+    streamed = list(engine.stream(TOPIC, filter))
+    queried = list(engine.query(TOPIC, filter).records)
+    assert streamed == queried
+    assert [r.data if r.payload != b"{not json" else None for r in streamed] == [
+        r.data if r.payload != b"{not json" else None for r in queried
+    ]
+
+
+def test_a_stream_leaves_out_expired_and_undecodable_records(engine: SowEngine) -> None:
+    kept = list(engine.stream(TOPIC, compile_filter("/qty >= 0")))
+    assert kept, "some records are live and match"
+    assert all(r.deadline in (NEVER, NOW + 1) for r in kept)
+    assert all(r.payload not in (b"{not json", b"null", b"[1, 2]") for r in kept)
+    everything = list(engine.stream(TOPIC))
+    assert {r.payload for r in everything} >= {b"{not json", b"null"}
+    assert len(everything) == sum(1 for i in range(RECORDS) if deadline(i) in (NEVER, NOW + 1))
