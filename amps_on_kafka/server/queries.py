@@ -133,28 +133,27 @@ async def _send_streamed(session: Session, request: Request, query: Query) -> No
     writes' worth of records while the loop sends the last, and the client decodes them
     meanwhile. Read whole first, a scan's time was the read plus the transfer (about
     half each); streamed, it is the longer of the two (docs/performance.md)."""
-    gateway = session.gateway
+    gateway, header = session.gateway, request.header
     sent = 0
     chunks: Iterator[list[SowRecord]] = iter(())
 
-    def first() -> list[list[SowRecord]]:  # one trip to the pool for a small answer
+    def first() -> tuple[list[bytes], int]:  # one trip to the pool for a small answer
         nonlocal chunks
         records = gateway.engine.stream(query.topic, query.filter)
         chunks = batches(records, query.batch_size)
-        return _next_chunks(chunks)
+        return _next_frames(header, query.topic, chunks)
 
-    def read(work: Callable[..., list[list[SowRecord]]], *args: Any) -> asyncio.Future:
+    def read(work: Callable[..., tuple[list[bytes], int]], *args: Any) -> asyncio.Future:
         return asyncio.ensure_future(gateway.blocking(work, *args))
 
-    async def writes() -> AsyncIterator[list[list[SowRecord]]]:
+    async def writes() -> AsyncIterator[list[bytes]]:
         nonlocal sent
         pending = read(first)
         try:
             while True:
-                written = await pending
-                count = sum(map(len, written))
+                written, count = await pending
                 if count >= STREAM_WRITE:  # maybe more: read on while this write goes out
-                    pending = read(_next_chunks, chunks)
+                    pending = read(_next_frames, header, query.topic, chunks)
                 if written:
                     sent += count
                     yield written
@@ -166,16 +165,21 @@ async def _send_streamed(session: Session, request: Request, query: Query) -> No
     await _send_answer(session, request, query, writes(), lambda: (sent, sent))
 
 
-def _next_chunks(chunks: Iterator[list[SowRecord]]) -> list[list[SowRecord]]:
-    """The batches of the next write: up to STREAM_WRITE records, whole batches."""
-    taken: list[list[SowRecord]] = []
+def _next_frames(
+    header: dict, topic: str, chunks: Iterator[list[SowRecord]]
+) -> tuple[list[bytes], int]:
+    """The `sow` frames of the next write, up to STREAM_WRITE records in whole batches,
+    and how many records they hold. Encoded on the pool thread that read them: encoded
+    on the loop, the two threads passed the GIL back and forth for every record read
+    (docs/performance.md)."""
+    frames: list[bytes] = []
     count = 0
     for chunk in chunks:
-        taken.append(chunk)
+        frames.append(encode_frame(*sow_batch(header, topic, chunk)))
         count += len(chunk)
         if count >= STREAM_WRITE:
             break
-    return taken
+    return frames, count
 
 
 async def sow_and_subscribe(session: Session, request: Request) -> None:
@@ -225,9 +229,9 @@ async def send_snapshot(
     records = result.records
     taken = records.take() if isinstance(records, Records) else records
 
-    async def writes() -> AsyncIterator[list[list[SowRecord]]]:
+    async def writes() -> AsyncIterator[list[bytes]]:
         for chunk in batches(taken, query.batch_size):
-            yield [chunk]
+            yield [encode_frame(*sow_batch(request.header, query.topic, chunk))]
 
     await _send_answer(session, request, query, writes(), lambda: (result.matches, len(records)))
 
@@ -236,11 +240,11 @@ async def _send_answer(
     session: Session,
     request: Request,
     query: Query,
-    writes: AsyncIterator[list[list[SowRecord]]],
+    writes: AsyncIterator[list[bytes]],
     counts: Callable[[], tuple[int, int]],
 ) -> None:
     """The answer in as few writes as it allows: one per element of `writes` (a list of
-    `sow` batches), the frames before the first with it and the ones after the last
+    encoded `sow` frames), the frames before the first with it and the ones after the last
     with that one, so a small answer (a key look-up) is one write and one wake-up of the
     client instead of five. `counts` gives the stats ack's matches and records returned
     once everything was sent."""
@@ -249,7 +253,7 @@ async def _send_answer(
     frames.append(encode_frame(group("group_begin", header, topic)))
     written = await anext(writes, None)
     while written is not None:
-        frames.extend(encode_frame(*sow_batch(header, topic, chunk)) for chunk in written)
+        frames.extend(written)
         written = await anext(writes, None)
         if written is None:
             break  # the last batches go with the frames that end the answer
