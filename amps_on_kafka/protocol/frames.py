@@ -9,15 +9,23 @@ the gateway never parses what it only forwards.
 larger than the limit is never buffered: its header is read (to answer the right
 command) and the rest is discarded as it arrives, so the connection stays in step and
 survives. Only a total length too small to hold the header length can't be skipped.
+
+The gateway's decoder (`publishes=True`) gives a plain publish — a header of exactly `c`
+"publish", `t` and at most a whole number `s` — as a `Publish` tuple, not a Frame: the
+session writes a read's run of them as one batch (server/publishing.py, publish_run), and
+the compiled core (native/src/frames.rs) reads such a header without a dict.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from amps_on_kafka.native import core
 
 _LENGTH = struct.Struct(">I")
 _PREFIX = struct.Struct(">II")
@@ -44,6 +52,51 @@ class BadFrame:
     reason: str
     header: dict[str, Any] | None = None
     fatal: bool = False
+
+
+Publish = tuple[str, int | None, bytes]  # a plain publish: topic, `s` (None: none), payload
+Event = Frame | BadFrame | Publish
+Decode = Callable[[int, int, int], Event]  # (header start, header length, frame end)
+
+
+def plain_publish(header: dict[str, Any]) -> tuple[str, int | None] | None:
+    """(topic, s) of a plain publish's header (keys `c` "publish", `t` text and at most
+    `s`, a whole number), else None."""
+    if header.get("c") != "publish" or len(header) != (3 if "s" in header else 2):
+        return None
+    topic, sequence = header.get("t"), header.get("s", 0)
+    if type(topic) is not str or type(sequence) is not int or sequence < 0:
+        return None
+    return topic, header.get("s")
+
+
+def publish_header(publish: Publish) -> dict[str, Any]:
+    """The header a Publish was read from (for its acks and the per-command path)."""
+    topic, sequence, _payload = publish
+    return (
+        {"c": "publish", "t": topic}
+        if sequence is None
+        else {"c": "publish", "t": topic, "s": sequence}
+    )
+
+
+def split_frames(
+    buffer: bytearray, pos: int, limit: int, decode: Decode
+) -> tuple[list[Event], int]:
+    """The events `decode` makes of the whole frames within `limit` from `pos` on, and
+    the position after them; it stops at the first thing it doesn't take (a frame not
+    whole yet, too large, or whose lengths disagree), which FrameDecoder._step handles.
+    The compiled core's split_frames gives the same, reading plain publishes itself."""
+    events: list[Event] = []
+    available, unpack = len(buffer), _PREFIX.unpack_from
+    while available - pos >= 8:
+        total, header_length = unpack(buffer, pos)
+        end = pos + 4 + total
+        if total < 4 or header_length > total - 4 or total > limit or end > available:
+            break
+        events.append(decode(pos + 8, header_length, end))
+        pos = end
+    return events, pos
 
 
 def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -75,9 +128,12 @@ def parse_header(raw: bytes | bytearray) -> dict[str, Any]:
 class FrameDecoder:
     """Turns a byte stream, split anywhere, into Frame and BadFrame events."""
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    def __init__(self, max_frame_bytes: int, *, publishes: bool = False) -> None:
+        """`publishes`: give plain publishes as Publish tuples (the gateway's reads)."""
         self.max_frame_bytes = max_frame_bytes
         self.broken = False
+        self._decode: Decode = self._publish_or_frame if publishes else self._frame
+        self._split = core.split_frames if publishes and core is not None else split_frames
         self._buffer = bytearray()
         self._pos = 0
         self._skip = 0  # bytes of an oversized or malformed frame still to discard
@@ -88,8 +144,8 @@ class FrameDecoder:
         """Whether a frame has begun and not ended (the gateway times such a frame out)."""
         return bool(self._buffer) or self._skip > 0 or self._peek is not None
 
-    def feed(self, data: bytes) -> list[Frame | BadFrame]:
-        events: list[Frame | BadFrame] = []
+    def feed(self, data: bytes) -> list[Event]:
+        events: list[Event] = []
         if self.broken:
             return events
         if self._skip and not self._buffer:
@@ -102,29 +158,20 @@ class FrameDecoder:
         self._pos = 0
         return events
 
-    def _whole_frames(self, events: list[Frame | BadFrame]) -> None:
-        """The common case in one loop: well-formed frames within the limit, each whole
-        in the buffer (a busy connection reads a few hundred at a time). It stops at the
-        first thing it doesn't take, which _step handles as ever."""
+    def _whole_frames(self, events: list[Event]) -> None:
+        """The common case in one call: well-formed frames within the limit, each whole
+        in the buffer (a busy connection reads a few hundred at a time)."""
         if self._skip or self._peek is not None:
             return
-        buffer, pos, limit, frame = self._buffer, self._pos, self.max_frame_bytes, self._frame
-        available, unpack = len(buffer), _PREFIX.unpack_from
-        while available - pos >= 8:
-            total, header_length = unpack(buffer, pos)
-            end = pos + 4 + total
-            if total < 4 or header_length > total - 4 or total > limit or end > available:
-                break
-            events.append(frame(pos + 8, header_length, end))
-            pos = end
-        self._pos = pos
+        whole, self._pos = self._split(self._buffer, self._pos, self.max_frame_bytes, self._decode)
+        events += whole
 
     def _discard(self, data: bytes) -> bytes:
         dropped = min(self._skip, len(data))
         self._skip -= dropped
         return data[dropped:]
 
-    def _step(self, events: list[Frame | BadFrame]) -> bool:
+    def _step(self, events: list[Event]) -> bool:
         """Consume one frame or one piece of a skipped frame; False when bytes are missing."""
         available = len(self._buffer) - self._pos
         if self._skip:
@@ -148,7 +195,7 @@ class FrameDecoder:
             return self._refuse(events, total, header_length)
         if available < 4 + total:
             return False
-        events.append(self._frame(self._pos + 8, header_length, self._pos + 4 + total))
+        events.append(self._decode(self._pos + 8, header_length, self._pos + 4 + total))
         self._pos += 4 + total
         return True
 
@@ -160,7 +207,13 @@ class FrameDecoder:
         with memoryview(self._buffer) as view:  # one copy of the payload, not two
             return Frame(header, bytes(view[start + header_length : end]))
 
-    def _refuse(self, events: list[Frame | BadFrame], total: int, header_length: int) -> bool:
+    def _publish_or_frame(self, start: int, header_length: int, end: int) -> Event:
+        frame = self._frame(start, header_length, end)
+        if type(frame) is Frame and (plain := plain_publish(frame.header)) is not None:
+            return (*plain, frame.payload)
+        return frame
+
+    def _refuse(self, events: list[Event], total: int, header_length: int) -> bool:
         """Skip a frame whose lengths disagree or that is too large, reading its header if small."""
         self._pos += 8
         if header_length > total - 4:
@@ -174,7 +227,7 @@ class FrameDecoder:
             events.append(BadFrame(self._too_large(total)))
         return True
 
-    def _peek_oversized(self, events: list[Frame | BadFrame], available: int) -> bool:
+    def _peek_oversized(self, events: list[Event], available: int) -> bool:
         total, header_length = self._peek  # type: ignore[misc]
         if available < header_length:
             return False

@@ -45,7 +45,7 @@ from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.memory import release_freed_memory
-from amps_on_kafka.protocol.frames import BadFrame, Frame
+from amps_on_kafka.protocol.frames import Event, Publish, publish_header
 from amps_on_kafka.security.entitlements import Denied
 from amps_on_kafka.server.cluster import RESULTS
 from amps_on_kafka.server.replies import ack
@@ -260,7 +260,7 @@ class PublishBatch:
     ticket: int
     size: int
     commands: int
-    headers: list[dict[str, Any]] = field(default_factory=list)  # of the records produced
+    publishes: list[Publish] = field(default_factory=list)  # the records produced
     failures: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
     expected: int = -1
     reports: Iterator[int] = field(default_factory=itertools.count)
@@ -343,7 +343,7 @@ class Writes:
         """The loop produced all it will of `batch`: the share of the commands it left
         (`unused_size` bytes) is freed, and the batch finishes once every record it
         produced is reported (now, if they all were)."""
-        produced = len(batch.headers)
+        produced = len(batch.publishes)
         if produced < batch.commands:
             self.budget.release(unused_size, batch.commands - produced)
             batch.size -= unused_size
@@ -356,7 +356,7 @@ class Writes:
         """Kafka reported every record of `batch`: a failure ack for each that failed."""
         del self._batches[batch.number]
         for index, reason in sorted(batch.failures):
-            self.session.send(ack(batch.headers[index], "persisted", reason))
+            self.session.send(ack(publish_header(batch.publishes[index]), "persisted", reason))
         succeeded = batch.commands - len(batch.failures)
         if succeeded:
             self.latencies.observe(time.perf_counter() - batch.started, succeeded)
@@ -479,7 +479,7 @@ def publish_at_once(session: Session, header: dict[str, Any], payload: bytes) ->
 NO_ACKS: frozenset[str] = frozenset()
 
 
-def publish_run(session: Session, events: list[Frame | BadFrame], start: int) -> int:
+def publish_run(session: Session, events: list[Event], start: int) -> int:
     """Write the run of plain publishes beginning at events[start] as one PublishBatch
     and return the index of the first event not taken, which the session handles as
     ever (the session checked its user: nothing to authorize). A frame publish_encoded
@@ -492,39 +492,32 @@ def publish_run(session: Session, events: list[Frame | BadFrame], start: int) ->
     if end == start or not writes.budget.take_now(size, end - start):
         return start
     batch = writes.open_batch(size, end - start)
-    publish, delivery, headers = writes.publisher.publish_encoded, writes.delivery, batch.headers
+    publish, delivery, produced = writes.publisher.publish_encoded, writes.delivery, batch.publishes
     base, position = batch.number << BATCH_BITS, start
     while position < end:
-        frame: Frame = events[position]  # type: ignore[assignment]
-        header = frame.header
-        record = delivery(base | len(headers))
-        if publish(header["t"], frame.payload, header.get("s"), record) is None:
+        event: Publish = events[position]  # type: ignore[assignment]
+        if publish(event[0], event[2], event[1], delivery(base | len(produced))) is None:
             break
-        headers.append(header)
+        produced.append(event)
         position += 1
-    left: list[Frame] = events[position:end]  # type: ignore[assignment]
-    writes.seal(batch, sum(len(e.payload) for e in left) + RECORD_OVERHEAD * len(left))
+    left: list[Publish] = events[position:end]  # type: ignore[assignment]
+    writes.seal(batch, sum(len(e[2]) for e in left) + RECORD_OVERHEAD * len(left))
     return position
 
 
 def _plain_run(
-    session: Session, writes: Writes, events: list[Frame | BadFrame], start: int
+    session: Session, writes: Writes, events: list[Event], start: int
 ) -> tuple[int, int]:
-    """The end of the run of frames from `start` that publish_encoded may write, and
-    their budget share: publishes with no option but `s` (a whole number), to topics
-    whose specs are fresh (Writes.known_spec), routed by the publisher, and no queue's."""
+    """The end of the run of plain publishes (Publish tuples) from `start` that
+    publish_encoded may write, and their budget share: to topics whose specs are fresh
+    (Writes.known_spec), routed by the publisher, and no queue's."""
     queues, takes = session.gateway.queues, dict[str, bool]()
     position, size = start, 0
     while position < len(events):
         event = events[position]
-        if type(event) is not Frame:
+        if type(event) is not tuple:
             break
-        header = event.header
-        if header.get("c") != "publish" or len(header) != (3 if "s" in header else 2):
-            break
-        topic, sequence = header.get("t"), header.get("s", 0)
-        if type(topic) is not str or type(sequence) is not int or sequence < 0:
-            break
+        topic = event[0]
         taken = takes.get(topic)
         if taken is None:
             taken = takes[topic] = (
@@ -534,7 +527,7 @@ def _plain_run(
             )
         if not taken:
             break
-        size += len(event.payload) + RECORD_OVERHEAD
+        size += len(event[2]) + RECORD_OVERHEAD
         position += 1
     return position, size
 

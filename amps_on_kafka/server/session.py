@@ -45,10 +45,12 @@ from amps_on_kafka.log.replay import select_topics
 from amps_on_kafka.protocol.frames import (
     READ_SIZE,
     BadFrame,
+    Event,
     Frame,
     FrameDecoder,
     count_frames,
     encode_frame,
+    publish_header,
 )
 from amps_on_kafka.security.auth import Credentials, Identity, audit
 from amps_on_kafka.security.entitlements import (
@@ -94,7 +96,7 @@ class Session:
         self.reader = reader
         self.writer = writer
         self.peer = writer.get_extra_info("peername")
-        self.decoder = FrameDecoder(gateway.max_frame_bytes)
+        self.decoder = FrameDecoder(gateway.max_frame_bytes, publishes=True)
         self.client_name: str | None = None
         self.identity: Identity | None = None  # who logged on
         self.entitlements: UserEntitlements | None = None
@@ -155,7 +157,7 @@ class Session:
             return f"a frame begun was not completed within {limit:g}s (ReadTimeout)"
         return f"no logon within {limit:g}s of connecting (ReadTimeout)"
 
-    async def _dispatch(self, events: list[Frame | BadFrame]) -> None:
+    async def _dispatch(self, events: list[Event]) -> None:
         """Each frame in order: a run of plain publishes as one batch
         (publishing.publish_run), anything else one by one."""
         position = 0
@@ -164,8 +166,10 @@ class Session:
                 position = publishing.publish_run(self, events, position)
                 if position == len(events):
                     return
-            event = events[position]
+            taken = events[position]
             position += 1
+            # a plain publish the batch did not take goes as any frame
+            event = Frame(publish_header(taken), taken[2]) if isinstance(taken, tuple) else taken
             if not self._published_at_once(event):
                 await self._handle(event)
 

@@ -1,6 +1,9 @@
 //! The compiled hot paths of amps_on_kafka. Each function here has a Python twin that
 //! gives the same result (held to it by differential property tests); the Python package
-//! uses this module when it is installed and its twin when it is not.
+//! uses this module when it is installed and its twin when it is not
+//! (`amps_on_kafka/native.py`). One Rust module per concern, each with a `register`
+//! that adds its functions to the Python module.
+mod frames;
 mod staging;
 
 use pyo3::prelude::*;
@@ -9,5 +12,6 @@ use pyo3::prelude::*;
 fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", 1)?;
     staging::register(m)?;
+    frames::register(m)?;
     Ok(())
 }

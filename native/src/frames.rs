@@ -1,0 +1,145 @@
+//! The gateway's read of a client's frames (`amps_on_kafka/protocol/frames.py`,
+//! `split_frames`): the whole frames of a read, split in one call, a plain publish's
+//! header read without building a Python object for it.
+//!
+//! A busy publisher's read holds a few hundred frames, nearly all of them plain publishes
+//! (`{"c": "publish", "t": topic, "s": n}`). The Python twin decodes each header with
+//! orjson into a dict, checks its shape and makes a (topic, s, payload) tuple of it; here
+//! the header is parsed (serde_json) without a dict and the tuple is made directly.
+//! Anything this code is not sure of — another command, another key, a key twice, an
+//! escape serde_json rejects, a sequence that is not a whole number, a header that is not
+//! JSON — is handed to the twin's own `decode(start, header_length, end)`, so the events
+//! are the twin's, frame for frame.
+use std::borrow::Cow;
+use std::fmt;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyByteArrayMethods, PyBytes, PyList};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
+
+use crate::staging::Name;
+
+/// A plain publish's topic and sequence (`s`, when given).
+struct Plain<'de> {
+    topic: Cow<'de, str>,
+    sequence: Option<u64>,
+}
+
+/// A header that is exactly a plain publish's: `c` "publish", `t` text, at most `s` a
+/// whole number, each once; anything else is an error (the twin decides).
+struct Header;
+
+impl<'de> DeserializeSeed<'de> for Header {
+    type Value = Plain<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Header {
+    type Value = Plain<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a plain publish's header")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut publish, mut topic, mut sequence) = (false, None, None);
+        while let Some(name) = map.next_key_seed(Name)? {
+            match name.as_ref() {
+                "c" if !publish => publish = map.next_value_seed(Name)? == "publish",
+                "t" if topic.is_none() => topic = Some(map.next_value_seed(Name)?),
+                "s" if sequence.is_none() => sequence = Some(map.next_value_seed(Whole)?),
+                _ => return Err(de::Error::custom("not a plain publish")),
+            }
+            if !publish {
+                return Err(de::Error::custom("not a plain publish"));
+            }
+        }
+        match topic {
+            Some(topic) => Ok(Plain { topic, sequence }),
+            None => Err(de::Error::custom("no topic")),
+        }
+    }
+}
+
+/// A whole number >= 0 of at most 64 bits (what orjson reads as an int >= 0).
+struct Whole;
+
+impl<'de> DeserializeSeed<'de> for Whole {
+    type Value = u64;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<u64, D::Error> {
+        deserializer.deserialize_u64(self)
+    }
+}
+
+impl Visitor<'_> for Whole {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a whole number")
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+        u64::try_from(v).map_err(|_| E::custom("a negative number"))
+    }
+}
+
+/// The plain publish a header holds, or None when the twin must decide.
+fn plain(header: &[u8]) -> Option<Plain<'_>> {
+    let text = std::str::from_utf8(header).ok()?;
+    let mut parser = serde_json::Deserializer::from_str(text);
+    let plain = Header.deserialize(&mut parser).ok()?;
+    parser.end().ok()?;
+    Some(plain)
+}
+
+fn length(data: &[u8], at: usize) -> usize {
+    u32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as usize
+}
+
+/// `split_frames(buffer, pos, limit, decode)`: the twin's events for the whole frames
+/// within `limit` from `pos` on, and the position after them.
+#[pyfunction]
+fn split_frames<'py>(
+    buffer: &Bound<'py, PyByteArray>,
+    mut pos: usize,
+    limit: usize,
+    decode: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyList>, usize)> {
+    let py = buffer.py();
+    let events = PyList::empty(py);
+    loop {
+        // SAFETY: the bytes are read while no Python code runs; they are borrowed again
+        // after each `decode`, which reads the buffer and never resizes it.
+        let data = unsafe { buffer.as_bytes() };
+        if data.len() < pos + 8 {
+            break;
+        }
+        let (total, header_length) = (length(data, pos), length(data, pos + 4));
+        let end = pos + 4 + total;
+        if total < 4 || header_length > total - 4 || total > limit || end > data.len() {
+            break;
+        }
+        let start = pos + 8;
+        match plain(&data[start..start + header_length]) {
+            Some(publish) => {
+                let payload = PyBytes::new(py, &data[start + header_length..end]);
+                events.append((publish.topic.as_ref(), publish.sequence, payload))?;
+            }
+            None => events.append(decode.call1((start, header_length, end))?)?,
+        }
+        pos = end;
+    }
+    Ok((events, pos))
+}
+
+pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(split_frames, m)?)
+}

@@ -1,0 +1,169 @@
+"""The compiled split of a gateway read into frames (native/src/frames.rs) against its
+Python twin (protocol/frames.py, split_frames) and against the decoder as it was.
+
+A stream of frames — plain publishes as clients write them, near-plain headers (another
+key, a key twice, escapes, a sequence that is negative, a float, a boolean or past 64
+bits), headers that are not JSON, lengths that disagree, frames over the limit, cut
+anywhere into reads — must give the same events read by the compiled core, by the twin,
+and by the decoder without `publishes` with its plain publishes made Publish tuples: the
+same frames, the same errors naming the problem, the same state after each read.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from unittest import mock
+
+import orjson
+import pytest
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
+
+from amps_on_kafka.native import core
+from amps_on_kafka.protocol import frames
+from amps_on_kafka.protocol.frames import Event, Frame, FrameDecoder, plain_publish
+
+pytestmark = pytest.mark.skipif(core is None, reason="the compiled core is not loaded")
+
+LIMIT = 200  # the decoders' frame limit: some frames drawn are larger
+
+spaces = st.sampled_from(["", " ", "\n\t ", "\r"])
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**65), 2**65)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4)
+)
+names = st.sampled_from(["c", "t", "s", "a", "k", "\\u0063", "é"]) | st.text(max_size=3)
+values = (
+    st.sampled_from(["publish", "publish ", "Publish", "sow"])
+    | scalars
+    | st.lists(scalars, max_size=2)
+)
+sequences = st.integers(0, 2**64 - 1).map(str) | st.sampled_from(  # as written: JSON text
+    ["-0", "-1", "1.0", "1e2", "true", "18446744073709551616", "007", '"1"', "null"]
+)
+
+ODD = [
+    b"",
+    b"[]",
+    b"{",
+    b"null",
+    b"\xef\xbb\xbf{}",
+    b'{"c":"publish","t":"a","s":1}\x00',
+    b'{"c":"publish","t":"\xff","s":1}',
+    b'{"c":"publish","t":"\\ud800","s":1}',
+    b'{"c":"publish","t":"\\ud83d\\ude42","s":1}',
+    b'{"c":"publish","t":"a\\nb","s":1}',
+    b'{"c":"publish","t":"a","s":1,}',
+    b'{"c":"publish","c":"publish","t":"a"}',
+    b'{"c":"publish","t":"a","t":"b"}',
+    b'{"c":"publish","t":"a","s":1,"s":2}',
+    b'{"t":"a","c":"publish"}',
+    b'{"c":"publish"}',
+    b'{"c":"publish","t":null}',
+    b'{"c":"publish","t":"a","s":NaN}',
+]
+
+
+@st.composite
+def headers(draw) -> bytes:
+    """A header as a client might write it: mostly a plain publish's, often near one."""
+    shape = draw(st.sampled_from(["plain"] * 6 + ["tokens"] * 3 + ["odd"]))
+    if shape == "odd":
+        return draw(st.sampled_from(ODD))
+    dumps = json.dumps if draw(st.booleans()) else lambda v: json.dumps(v, ensure_ascii=False)
+    if shape == "plain":
+        topic = draw(st.text(max_size=6) | st.sampled_from(["orders", "é", "a\x00", "🙂"]))
+        members = [("c", dumps("publish")), ("t", dumps(topic))]
+        if draw(st.booleans()):
+            members.append(("s", draw(sequences)))
+        members = draw(st.permutations(members)) if draw(st.booleans()) else members
+    else:
+        members = [(n, dumps(v)) for n, v in draw(st.lists(st.tuples(names, values), max_size=4))]
+    s = draw(spaces)
+    text = "{" + s + ("," + s).join(f"{dumps(n)}{s}:{s}{v}" for n, v in members) + s + "}"
+    text = text.replace('"\\\\u0063"', '"\\u0063"')  # the escaped name "c"
+    return text.encode("utf-8", "surrogatepass")
+
+
+@st.composite
+def streams(draw) -> bytes:
+    """Frames back to back; now and then lengths that disagree or a frame over LIMIT."""
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        header = draw(headers())
+        payload = draw(st.binary(max_size=8) | st.sampled_from([b'{"id": 1}', b"x" * 180]))
+        total, header_length = 4 + len(header) + len(payload), len(header)
+        fault = draw(st.sampled_from([None] * 8 + ["header", "small", "cut"]))
+        if fault == "header":
+            header_length = total + draw(st.integers(-3, 3))
+        elif fault == "small":
+            total = draw(st.integers(0, 3))
+        frame = struct.pack(">II", total, header_length) + header + payload
+        if fault == "cut":
+            frame = frame[: draw(st.integers(0, len(frame)))]
+        out.append(frame)
+    return b"".join(out)
+
+
+def today(events: list[Event]) -> list[Event]:
+    """The events of a decoder without `publishes`, with its plain publishes as tuples."""
+    made: list[Event] = []
+    for e in events:
+        plain = plain_publish(e.header) if type(e) is Frame else None
+        made.append((*plain, e.payload) if plain is not None else e)
+    return made
+
+
+def read_three_ways(stream: bytes, cuts: list[int]) -> list[tuple[list[Event], ...]]:
+    compiled = FrameDecoder(LIMIT, publishes=True)
+    with mock.patch.object(frames, "core", None):
+        twin = FrameDecoder(LIMIT, publishes=True)
+    plain = FrameDecoder(LIMIT)
+    reads, start = [], 0
+    for end in [*sorted(cuts), len(stream)]:
+        chunk = stream[start:end]
+        start = max(start, end)
+        results = tuple(d.feed(chunk) for d in (compiled, twin, plain))
+        reads.append((*results[:2], today(results[2])))
+        states = {(d.partial, d.broken) for d in (compiled, twin, plain)}
+        assert len(states) == 1, states
+    return reads
+
+
+@settings(max_examples=500, deadline=None)
+@given(streams().flatmap(lambda b: st.tuples(st.just(b), st.lists(st.integers(0, len(b))))))
+@example((orjson.dumps({"c": "publish", "t": "a", "s": 1}), []))
+def test_the_compiled_split_gives_the_twins_events_and_todays(case):
+    stream, cuts = case
+    for compiled, twin, before in read_three_ways(stream, cuts):
+        assert compiled == twin == before
+        for e in compiled:
+            event("plain publish" if type(e) is tuple else type(e).__name__)
+
+
+def test_a_plain_publish_is_read_as_a_tuple_and_anything_else_as_before():
+    stream = b"".join(
+        frames.encode_frame(header, b'{"id": 1}')
+        for header in (
+            {"c": "publish", "t": "orders", "s": 7},
+            {"c": "publish", "t": "orders"},
+            {"c": "publish", "t": "orders", "s": 7, "a": "persisted"},
+            {"c": "publish", "t": "orders", "s": -1},
+        )
+    )
+    events = FrameDecoder(LIMIT, publishes=True).feed(stream)
+    assert events[:2] == [("orders", 7, b'{"id": 1}'), ("orders", None, b'{"id": 1}')]
+    assert [type(e) for e in events[2:]] == [Frame, Frame]
+
+
+def test_the_core_reads_plain_publishes_without_the_twin():
+    stream = bytearray(frames.encode_frame({"c": "publish", "t": "é", "s": 2**64 - 1}, b"{}"))
+
+    def twin(*_frame: int) -> Event:
+        raise AssertionError("a plain publish was handed to the twin")
+
+    assert core.split_frames(stream, 0, LIMIT, twin) == ([("é", 2**64 - 1, b"{}")], len(stream))
