@@ -479,6 +479,10 @@ class TcpTransport:
                     return
                 if frame is _LOST:
                     raise self._lost  # type: ignore[misc]
+                if frame.header.get("c") == "sow":  # a batch of records: no checks each
+                    if keep is None or "sow" in keep:
+                        yield from _records("sow", frame)
+                    continue
                 for item in _unpack(frame):
                     if item is COMPLETED and until_done:
                         return
@@ -632,11 +636,7 @@ def _unpack(frame: Frame) -> Iterator[Item]:
     header, payload = frame.header, frame.payload
     command, topic, sub_id = header.get("c"), header.get("t"), header.get("sub_id")
     if command == "sow" or (command == "publish" and "recs" in header):  # a batch frame
-        offset = 0
-        for meta in header.get("recs", ()):
-            end = offset + meta["n"]
-            yield GatewayMessage(command, topic, meta, payload[offset:end], sub_id)
-            offset = end
+        yield from _records(command, frame)
     elif command == "ack":
         _raise_failure(header)
         yield (
@@ -646,6 +646,17 @@ def _unpack(frame: Frame) -> Iterator[Item]:
         )
     else:
         yield GatewayMessage(command, topic, header, payload, sub_id)  # type: ignore[arg-type]
+
+
+def _records(command: str, frame: Frame) -> Iterator[GatewayMessage]:
+    """A batch frame's messages: `recs` describes each record, payloads follow in order."""
+    header, payload = frame.header, frame.payload
+    topic, sub_id = header.get("t"), header.get("sub_id")
+    offset = 0
+    for meta in header.get("recs", ()):
+        end = offset + meta["n"]
+        yield GatewayMessage(command, topic, meta, payload[offset:end], sub_id)
+        offset = end
 
 
 def _forget(routes: dict[str, queue.SimpleQueue], key: str, replies: queue.SimpleQueue) -> None:
