@@ -193,11 +193,20 @@ plain = st.fixed_dictionaries(
 ).map(orjson.dumps)
 
 
+# headers a plain publish may carry, among them names that only look like the envelope's
+plain_headers = st.lists(
+    st.sampled_from(
+        [("p", b"pub"), ("s", b"12"), ("k", b""), ("zz", b"\xff"), ("c\x00", b"x"), ("ks ", b"1")]
+    ),
+    max_size=4,
+)
+
+
 @settings(max_examples=200, deadline=None)
-@given(batches(payload=plain))
-def test_plain_publishes_with_a_text_or_integer_key_are_staged_compiled(records):
-    for record in records:
-        record.set_headers([("p", b"pub"), ("s", b"1")])
+@given(batches(payload=plain), st.lists(plain_headers, min_size=3, max_size=3))
+def test_plain_publishes_with_a_text_or_integer_key_are_staged_compiled(records, headers):
+    for record, its_headers in zip(records, headers, strict=False):
+        record.set_headers(its_headers)
     compiled, twin = staged_both_ways("id", records)
     assert compiled is not None
     assert compiled == twin
