@@ -29,6 +29,15 @@ class Filter:
         self.tree = tree
         self.matches = codegen.build(tree, as_filter=True)
 
+    @classmethod
+    def built(cls, text: str, tree: nodes.Node, matches: Callable[[Any], bool]) -> Filter:
+        """The Filter of `tree` with its function built already: what __init__ makes,
+        without generating the code (expr/keys.py gives a cached shape's function its
+        own literal)."""
+        made = cls.__new__(cls)
+        made.text, made.tree, made.matches = text, tree, matches
+        return made
+
     def equalities(self, paths: Sequence[str]) -> list[tuple] | None:
         """Key tuples for ``paths`` that the filter pins by equality, else None.
 

@@ -13,7 +13,10 @@ same `equalities`). Any other text is None: the caller compiles it as always.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from types import FunctionType
 
+from amps_on_kafka.expr import codegen
 from amps_on_kafka.expr import nodes as n
 from amps_on_kafka.expr.compiler import Filter
 
@@ -29,7 +32,7 @@ def key_equality(text: str) -> n.Compare | None:
     match = _KEY_EQUALITY.fullmatch(text)
     if match is None:
         return None
-    path = n.Path(pos=match.start("path"), steps=tuple(match["path"][1:].split("/")))
+    path = _path(match["path"], match.start("path"))
     number = match["number"]
     if number is not None:
         literal = n.Literal(pos=match.start("number"), value=int(number))
@@ -38,7 +41,39 @@ def key_equality(text: str) -> n.Compare | None:
     return n.Compare(pos=path.pos, op="=", left=path, right=literal)
 
 
+@lru_cache(maxsize=256)
+def _path(text: str, pos: int) -> n.Path:
+    """A path's node, made once: a look-up's path is the same each time, its value not."""
+    return n.Path(pos=pos, steps=tuple(text[1:].split("/")))
+
+
 def compile_key_filter(text: str) -> Filter | None:
-    """compile_filter(text) for a `/path = literal` text, else None."""
+    """compile_filter(text) for a `/path = literal` text, else None. The code generated
+    for a path and a kind of literal is made once (_shape) and given each text's literal
+    as its global: generating it was most of what was left (~20 us -> ~3 us)."""
     tree = key_equality(text)
-    return None if tree is None else Filter(text, tree)
+    if tree is None:
+        return None
+    literal = tree.right.value  # type: ignore[attr-defined]
+    shape = _shape(tree.left.steps, type(literal))  # type: ignore[attr-defined,arg-type]
+    if shape is None:
+        return Filter(text, tree)
+    run, name = shape
+    namespace = dict(run.__globals__)
+    namespace[name] = literal
+    return Filter.built(text, tree, FunctionType(run.__code__, namespace, run.__name__))
+
+
+@lru_cache(maxsize=256)
+def _shape(steps: tuple[str, ...], kind: type) -> tuple[FunctionType, str] | None:
+    """The function generated for `/steps = <a literal of kind>` and the name of the
+    global holding its literal (a stand-in of that kind, found by identity), or None if
+    that is not one plain global."""
+    stand_in = int("987654321987654321") if kind is int else "".join(["\x00", "shape"])
+    path = n.Path(pos=0, steps=steps)
+    tree = n.Compare(pos=0, op="=", left=path, right=n.Literal(pos=0, value=stand_in))
+    run = codegen.build(tree, as_filter=True)
+    names = [name for name, value in run.__globals__.items() if value is stand_in]
+    if len(names) != 1 or "_exact" in run.__globals__:
+        return None
+    return run, names[0]  # type: ignore[return-value]

@@ -56,6 +56,45 @@ def test_any_text_it_takes_parses_to_the_same_tree(text: str) -> None:
         assert tree == parse(text)
 
 
+FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=3),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.sampled_from(["id", "b"]), st.integers(-3, 3), max_size=2),
+)
+
+
+@st.composite
+def key_filters_and_records(draw: st.DrawFn) -> tuple[str, dict]:
+    """A `/path = literal` text and a record whose field is near or at the literal."""
+    path = draw(st.sampled_from(["/id", "/a/b", "/_x9"]))
+    number = draw(st.integers(-(10**18) + 1, 10**18 - 1))
+    word = draw(st.sampled_from(["x y", "42", "-7", "true", "null", "%"]))
+    literal = draw(st.sampled_from([str(number), f"'{word}'"]))
+    value = draw(
+        st.one_of(FIELD_VALUES, st.sampled_from([number, float(number), str(number), word]))
+    )
+    steps = path[1:].split("/")
+    record: dict = {steps[-1]: value}
+    for step in reversed(steps[:-1]):
+        record = {step: record}
+    return f"{path} = {literal}", record
+
+
+@settings(max_examples=1500, deadline=None)
+@given(key_filters_and_records())
+def test_a_key_filter_matches_records_as_the_compiled_filter_does(case: tuple[str, dict]) -> None:
+    """The shape's function, given this text's literal, is the parser's filter's."""
+    text, record = case
+    built = compile_key_filter(text)
+    assert built is not None
+    assert built.matches(record) is compile_filter(text).matches(record)
+    assert built.equalities(["/id"]) == compile_filter(text).equalities(["/id"])
+
+
 @pytest.mark.parametrize(
     ("text", "record", "matches"),
     [
