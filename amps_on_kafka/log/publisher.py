@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -33,6 +33,7 @@ from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER, log_producer, partitio
 from amps_on_kafka.log.keys import KeyExtractor, partition_for
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 from amps_on_kafka.log.topics import H_TARGET_PARTITION, repartition_topic
+from amps_on_kafka.native import core
 
 POLL_EVERY = 500  # serve delivery callbacks every so many produces, not on each
 # Kafka's partition count of a topic is read again after this long, as often as the
@@ -244,7 +245,7 @@ class LogPublisher:
         routes, route_of, counts = self._routes, self._route, self._counts
         monotonic = time.monotonic
         loads, produce, sequences = orjson.loads, self._produce_call, self._sequences
-        publisher = self._publisher_header
+        publisher, key_of = self._publisher_header, PAYLOAD_KEY
 
         def publish(
             topic: str, payload: bytes, sequence: int | None, on_delivery: Any
@@ -253,26 +254,20 @@ class LogPublisher:
             if route is None:
                 return None
             name, extract, field, partitions = route
-            try:
-                document = loads(payload)
-            except orjson.JSONDecodeError:
-                return None
-            key = None
-            if extract is not None:
-                known = document.get(field) if field and type(document) is dict else None
-                if type(known) is int:
-                    key = str(known)
-                elif type(known) is str and known:
-                    key = known
-                else:
-                    try:
-                        key = extract(document)
-                    except MessageError:
-                        return None
-                if partitions:
-                    cached = counts.get(name)
-                    if cached is None or cached[1] <= monotonic() or cached[0] != partitions:
-                        return None
+            key = key_of(payload, field) if extract is None or field else False
+            if key is False:  # not JSON, or a key `extract` reads: decoded here
+                try:
+                    document = loads(payload)
+                except orjson.JSONDecodeError:
+                    return None
+                try:
+                    key = extract(document) if extract is not None else None
+                except MessageError:
+                    return None
+            if partitions:  # keyed: the count Kafka has, refreshed as _partition does
+                cached = counts.get(name)
+                if cached is None or cached[1] <= monotonic() or cached[0] != partitions:
+                    return None
             if sequence is None:
                 sequence = next(sequences)
             headers = [publisher, (H_SEQUENCE, b"%d" % sequence)]
@@ -537,6 +532,26 @@ class LogPublisher:
         self.flush(timeout)
         self._closed = True
         self._producer.close()
+
+
+def payload_key(payload: bytes, field: str | None) -> str | Literal[False] | None:
+    """The SOW key of a JSON payload whose key is its top-level `field`, read as
+    publish_document reads it (an int's digits, or non-empty text), or, with no `field`,
+    None for any JSON; False when the caller must decode it (not JSON, or another value).
+    The compiled core's publish_key answers the same, or False where it is not sure."""
+    try:
+        document = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return False
+    if field is None:
+        return None
+    known = document.get(field) if type(document) is dict else None
+    if type(known) is int:
+        return str(known)
+    return known if type(known) is str and known else False
+
+
+PAYLOAD_KEY = core.publish_key if core is not None else payload_key
 
 
 def _delivery_type(

@@ -10,14 +10,18 @@
 //! escape serde_json rejects, a sequence that is not a whole number, a header that is not
 //! JSON — is handed to the twin's own `decode(start, header_length, end)`, so the events
 //! are the twin's, frame for frame.
+//!
+//! `publish_key` reads such a publish's SOW key from its payload (`log/publisher.py`,
+//! `payload_key`) without decoding it into Python objects: staging.rs's `key_of`, the
+//! worker's own reading of the same key.
 use std::borrow::Cow;
 use std::fmt;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyByteArrayMethods, PyBytes, PyList};
+use pyo3::types::{PyBool, PyByteArray, PyByteArrayMethods, PyBytes, PyList, PyString};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 
-use crate::staging::Name;
+use crate::staging::{key_of, Name, Valid};
 
 /// A plain publish's topic and sequence (`s`, when given).
 struct Plain<'de> {
@@ -140,6 +144,34 @@ fn split_frames<'py>(
     Ok((events, pos))
 }
 
+/// `publish_key(payload, field)`: the twin's `payload_key` — the SOW key (the text, or an
+/// integer's digits) when the JSON payload is an object whose top-level `field` holds one;
+/// None, with no field, when the payload is JSON; False when the twin must decide (not
+/// JSON, another value, or what this code is not sure of: see staging.rs).
+#[pyfunction]
+fn publish_key<'py>(payload: &Bound<'py, PyBytes>, field: Option<&str>) -> Bound<'py, PyAny> {
+    let py = payload.py();
+    let bytes = payload.as_bytes();
+    match field {
+        Some(field) => match key_of(bytes, field) {
+            Some(key) => PyString::new(py, &key.text()).into_any(),
+            None => PyBool::new(py, false).to_owned().into_any(),
+        },
+        None if valid(bytes) => py.None().into_bound(py),
+        None => PyBool::new(py, false).to_owned().into_any(),
+    }
+}
+
+/// Whether `payload` is JSON orjson surely takes.
+fn valid(payload: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(payload) else {
+        return false;
+    };
+    let mut parser = serde_json::Deserializer::from_str(text);
+    Valid.deserialize(&mut parser).is_ok() && parser.end().is_ok()
+}
+
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(split_frames, m)?)
+    m.add_function(wrap_pyfunction!(split_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(publish_key, m)?)
 }

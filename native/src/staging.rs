@@ -29,14 +29,14 @@ const LARGEST_SURE_FLOAT: f64 = 1e308;
 
 /// A SOW key as the twin computes it (`KeyExtractor.many`): the text, or an integer's
 /// decimal digits.
-enum Key<'de> {
+pub(crate) enum Key<'de> {
     Text(Cow<'de, str>),
     Unsigned(u64),
     Signed(i64),
 }
 
 impl Key<'_> {
-    fn text(&self) -> Cow<'_, str> {
+    pub(crate) fn text(&self) -> Cow<'_, str> {
         match self {
             Key::Text(text) => Cow::Borrowed(text),
             Key::Unsigned(n) => Cow::Owned(n.to_string()),
@@ -47,7 +47,7 @@ impl Key<'_> {
 
 /// Any JSON value, parsed through (so every string's escapes and every number's range are
 /// checked, as orjson checks them) and dropped.
-struct Valid;
+pub(crate) struct Valid;
 
 impl<'de> DeserializeSeed<'de> for Valid {
     type Value = ();
@@ -209,7 +209,7 @@ impl<'de> Visitor<'de> for Document<'_> {
 }
 
 /// The SOW key of a JSON payload, or None when the twin must decide.
-fn key_of<'p>(payload: &'p [u8], field: &str) -> Option<Key<'p>> {
+pub(crate) fn key_of<'p>(payload: &'p [u8], field: &str) -> Option<Key<'p>> {
     let text = std::str::from_utf8(payload).ok()?;
     let mut parser = serde_json::Deserializer::from_str(text);
     let key = Document { field }.deserialize(&mut parser).ok()?;
