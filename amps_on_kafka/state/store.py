@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from amps_on_kafka.config.model import DEFAULT_WRITE_BUFFER_BYTES
 from amps_on_kafka.errors import AmpsError, MessageError
-from amps_on_kafka.log.codecs import Codec
+from amps_on_kafka.log.codecs import Codec, JsonCodec
 from amps_on_kafka.state.events import Replaced
 from amps_on_kafka.state.record import (
     HEADER_SIZE,
@@ -270,7 +271,7 @@ class PartitionStore:
         self, iterator: Any, keep: Callable[[Any], bool] | None, expired_by: int | None
     ) -> Iterator[SowRecord]:
         topic, partition, codec = self.topic, self.partition, self.codec
-        decode, unpack = codec.decode if codec is not None else _no_data, unpack_header
+        decode, unpack = _decoder(codec), unpack_header
         try:
             while iterator.valid():
                 raw = iterator.value()
@@ -281,7 +282,7 @@ class PartitionStore:
                         try:
                             data = decode(payload)
                             kept = keep(data)
-                        except MessageError:  # a payload that no longer decodes can't match
+                        except (MessageError, orjson.JSONDecodeError):  # can't match
                             kept = False
                     if kept:
                         key = iterator.key().decode()
@@ -445,6 +446,14 @@ def unpack_history(raw: bytes) -> History:
 
 def _expiry_key(deadline: int, sow_key: bytes) -> bytes:
     return _DEADLINE.pack(deadline) + sow_key
+
+
+def _decoder(codec: Codec | None) -> Callable[[bytes], Any]:
+    """What SowRecord.data decodes with; for JSON orjson itself, whose error means what
+    the codec's MessageError does (a scan makes a call per record)."""
+    if codec is None:
+        return _no_data
+    return orjson.loads if type(codec) is JsonCodec else codec.decode
 
 
 def _no_data(payload: bytes) -> None:
