@@ -14,6 +14,7 @@ filters on a few fields, or only counts, must not pay for what it never reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Message as KafkaRecord
@@ -24,6 +25,7 @@ from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.bookmarks import format_bookmark
 from amps_on_kafka.log.codecs import JSON, Codec, not_json
 from amps_on_kafka.log.envelope import Envelope, EnvelopeError, headers_of
+from amps_on_kafka.native import core
 
 
 class Message:
@@ -391,3 +393,50 @@ class _Tick:
 
 TICK = _Tick()  # a quiet moment in the log: time passed and no message came (Replay.ticking)
 _UNSET = object()
+
+
+class _BuiltOneByOne:
+    """The messages of a consumed batch, in order, up to the first record that is an
+    error; `read` counts them, which is also that record's index if there is one.
+
+    The Python twin of the compiled builder (native/src/records.rs), which makes the
+    same messages without a Python frame per record: `record_messages` is that one when
+    the compiled core is loaded. An iterator, so each message is freed when its reader
+    drops it (a batch's messages and decoded payloads alive at once keep the collector
+    busy).
+    """
+
+    __slots__ = ("_codec", "_records", "read")
+
+    def __init__(self, records: list[KafkaRecord], codec: Codec) -> None:
+        self._records = records
+        self._codec = codec
+        self.read = 0
+
+    def __iter__(self) -> _BuiltOneByOne:
+        return self
+
+    def __next__(self) -> RecordMessage:
+        records, read = self._records, self.read
+        if read >= len(records) or records[read].error() is not None:
+            raise StopIteration
+        self.read = read + 1
+        return RecordMessage(records[read], self._codec)
+
+
+def _compiled_builder() -> Callable[[list[KafkaRecord], Codec], _BuiltOneByOne] | None:
+    """The compiled builder, given the slots RecordMessage's constructor fills: the record
+    (read lazily through `_record` and `_headers`), its payload and codec, and the
+    values every message starts with (the differential test holds the two alike)."""
+    if core is None:
+        return None
+    starts = [("_envelope", None), ("_data", _UNSET), ("computed_key", None), ("sub_id", None)]
+    return core.RecordBuilder(RecordMessage, ["_record", "_headers"], "raw", "codec", starts).build
+
+
+record_messages = _compiled_builder() or _BuiltOneByOne
+
+if core is not None:  # the same getter without a Python frame (native/src/records.rs)
+    LogMessage.data = core.LazyData(  # type: ignore[method-assign,assignment]
+        LogMessage, "_data", "raw", "codec", _UNSET, JSON, json_loads, LogMessage.data.fget
+    )

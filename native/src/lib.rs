@@ -4,6 +4,7 @@
 //! (`amps_on_kafka/native.py`). One Rust module per concern, each with a `register`
 //! that adds its functions to the Python module.
 mod frames;
+mod records;
 mod staging;
 
 use pyo3::prelude::*;
@@ -13,5 +14,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", 1)?;
     staging::register(m)?;
     frames::register(m)?;
+    records::register(m)?;
     Ok(())
 }
