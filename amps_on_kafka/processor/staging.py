@@ -111,6 +111,8 @@ def compiled_stager(rules: SowRules) -> Any:
 
 @cache
 def _stager(field: str) -> Any:
+    """One compiled stager per key field, made once: it holds the field and the envelope's
+    header names the plain-publish check reads (log/envelope.py is_plain_publish)."""
     assert core is not None
     return core.BlindRecords(field, sorted(_STATEFUL), sorted(_TEXT), H_SEQUENCE)
 
