@@ -151,50 +151,47 @@ class BookmarkSubscription:
         return dict(self.feed.starts) if self._fresh and self.feed.starts is not None else None
 
     def _deliver(self) -> Iterator[Any]:
-        """The stream, which records its reader's thread and, closed from another thread,
-        closes the feed on its own (close())."""
+        """The stream. It records its reader's thread and, closed from another thread,
+        closes the feed on its own (close()). The gate is checked before each read, so a
+        paused subscription reads nothing more and keeps its exact place (ticking while it
+        waits). One generator: each message passes through one frame here."""
         self._reader = threading.get_ident()
+        gate = self.gate
+        log = self._bookmarks.log if self._bookmarks is not None else None
+        bound, sub_id, stamp = self._bound, self.sub_id, self._stamp
         try:
-            yield from self._read()
+            while True:
+                while gate.paused and not self._closed:
+                    if not gate.wait(TICK_INTERVAL):
+                        yield TICK
+                if self._closed:
+                    return
+                self._fresh = False
+                for item in self.feed.items:
+                    if item is TICK:
+                        pass
+                    elif item is COMPLETED:
+                        if self._completed:
+                            continue  # a replay shared on resume ends its own replay too
+                        self._completed = True
+                    else:
+                        if stamp:
+                            item.sub_id = sub_id
+                        if bound is not None:
+                            cls = bound.get(type(item))
+                            if cls is not None:
+                                item.__class__ = cls
+                            if not log(item):  # type: ignore[misc]  # set when bound is
+                                continue
+                    yield item
+                    if gate.paused or self._closed:
+                        break
+                else:
+                    return
         finally:
             if self._closed:
                 self._close_feed()  # here, on the reader's thread: never under its own poll
             self._released.set()
-
-    def _read(self) -> Iterator[Any]:
-        """The gate is checked before each read, so a paused subscription reads nothing
-        more and keeps its exact place (ticking while it waits)."""
-        gate = self.gate
-        log = self._bookmarks.log if self._bookmarks is not None else None
-        bound, sub_id, stamp = self._bound, self.sub_id, self._stamp
-        while True:
-            while gate.paused and not self._closed:
-                if not gate.wait(TICK_INTERVAL):
-                    yield TICK
-            if self._closed:
-                return
-            self._fresh = False
-            for item in self.feed.items:
-                if item is TICK:
-                    pass
-                elif item is COMPLETED:
-                    if self._completed:
-                        continue  # a replay shared on resume ends its own replay too
-                    self._completed = True
-                else:
-                    if stamp:
-                        item.sub_id = sub_id
-                    if bound is not None:
-                        cls = bound.get(type(item))
-                        if cls is not None:
-                            item.__class__ = cls
-                        if not log(item):  # type: ignore[misc]  # log is set when bound is
-                            continue
-                yield item
-                if gate.paused or self._closed:
-                    break
-            else:
-                return
 
     def close(self) -> None:
         """End the subscription. Closed from a thread other than its reader's (an

@@ -15,7 +15,7 @@ filters on a few fields, or only counts, must not pay for what it never reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Message as KafkaRecord
 from orjson import JSONDecodeError
@@ -431,12 +431,13 @@ def _compiled_builder() -> Callable[[list[KafkaRecord], Codec], _BuiltOneByOne] 
     if core is None:
         return None
     starts = [("_envelope", None), ("_data", _UNSET), ("computed_key", None), ("sub_id", None)]
-    return core.RecordBuilder(RecordMessage, ["_record", "_headers"], "raw", "codec", starts).build
+    builder = core.RecordBuilder(RecordMessage, ["_record", "_headers"], "raw", "codec", starts)
+    return cast(Callable[[list[KafkaRecord], Codec], _BuiltOneByOne], builder.build)
 
 
 record_messages = _compiled_builder() or _BuiltOneByOne
 
 if core is not None:  # the same getter without a Python frame (native/src/records.rs)
-    LogMessage.data = core.LazyData(  # type: ignore[method-assign,assignment]
-        LogMessage, "_data", "raw", "codec", _UNSET, JSON, json_loads, LogMessage.data.fget
+    LogMessage.data = core.LazyData(  # type: ignore[method-assign]
+        LogMessage, "_data", "raw", "codec", _UNSET, JSON, json_loads, vars(LogMessage)["data"].fget
     )
