@@ -176,6 +176,12 @@ class PublishBudget:
             return True
         return False
 
+    def room(self) -> tuple[int, int]:
+        """(commands, bytes) a batch may take now; none while others wait."""
+        if self._waiting:
+            return 0, 0
+        return self.max_commands - self.commands, self.max_bytes - self.bytes
+
     async def reserve(self, size: int) -> None:
         """Take `size` bytes and one command, waiting for room."""
         if self.take_now(size):
@@ -484,7 +490,8 @@ def publish_run(session: Session, events: list[Event], start: int) -> int:
     and return the index of the first event not taken, which the session handles as
     ever (the session checked its user: nothing to authorize). A frame publish_encoded
     can't take (bad JSON, no key, a full producer queue...) ends the run, so its error
-    is the per-command path's; so does a run the budget has no room for at once.
+    is the per-command path's; the run is as long as the budget has room for now, and
+    the command after it takes the per-command path (which waits for room).
     Handling a read's publishes by the batch, not one by one, is what tcp:// publishing
     needed (docs/performance.md)."""
     writes = session.writes
@@ -510,10 +517,14 @@ def _plain_run(
 ) -> tuple[int, int]:
     """The end of the run of plain publishes (Publish tuples) from `start` that
     publish_encoded may write, and their budget share: to topics whose specs are fresh
-    (Writes.known_spec), routed by the publisher, and no queue's."""
+    (Writes.known_spec), routed by the publisher, and no queue's; as many as the budget
+    has room for now (a run cut short there is not scanned again for each command the
+    per-command path then takes)."""
     queues, takes = session.gateway.queues, dict[str, bool]()
+    commands, room = writes.budget.room()
+    last = min(len(events), start + commands)
     position, size = start, 0
-    while position < len(events):
+    while position < last:
         event = events[position]
         if type(event) is not tuple:
             break
@@ -525,9 +536,10 @@ def _plain_run(
                 and writes.publisher.routed(topic)
                 and not (queues is not None and queues.serves(topic))
             )
-        if not taken:
+        cost = len(event[2]) + RECORD_OVERHEAD
+        if not taken or size + cost > room:
             break
-        size += len(event[2]) + RECORD_OVERHEAD
+        size += cost
         position += 1
     return position, size
 

@@ -88,6 +88,27 @@ def test_a_frame_the_batch_cannot_take_gets_its_own_error_and_the_rest_go(
     ]
 
 
+def test_a_burst_past_the_budget_is_written_whole_and_in_order(bootstrap, topic_factory):
+    """Runs are cut to the budget's room; the rest waits for it, command by command."""
+    topic = topic_factory(1)
+    settings = GatewayConfig(max_publishes_in_flight=7)
+    engine = SowEngine(Config(), {}, now_ms)
+    with Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway:
+        wire = Wire(gateway.address)
+        try:
+            wire.logon("batch-budget")
+            wire.send_raw(publishes({1: topic}))
+            assert flushed(wire, "known") == []
+            wire.send_raw(publishes({s: topic for s in range(2, 300)}))
+            assert flushed(wire, "after") == []
+        finally:
+            wire.close()
+        assert (gateway.budget.commands, gateway.budget.bytes) == (0, 0)  # all given back
+    with Replay(bootstrap, topic, "0", max_idle=2) as replay:
+        records = [m for m in replay if isinstance(m, LogMessage)]
+    assert [r.sequence for r in records] == list(range(1, 300))
+
+
 def test_a_batch_takes_the_budget_only_within_both_bounds():
     budget = PublishBudget(max_bytes=1000, max_commands=4)
     assert not budget.take_now(1001, 2)  # a batch never exceeds the bytes, even alone
@@ -97,3 +118,4 @@ def test_a_batch_takes_the_budget_only_within_both_bounds():
     budget.release(1000, 4)
     assert (budget.bytes, budget.commands) == (0, 0)
     assert budget.take_now(1001, 1)  # one command larger than the budget still goes alone
+    assert budget.room() == (3, -1)
