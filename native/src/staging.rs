@@ -24,7 +24,8 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 const HEADER: usize = 24;
 
 /// Floats larger than this are left to orjson: near f64::MAX the two parsers' rounding
-/// could disagree on whether the number is infinite (orjson rejects an infinite one).
+/// disagrees on whether a number is infinite, which orjson rejects (serde_json reads
+/// 1.79769313486231585e308 as f64::MAX; rounded exactly it is infinite).
 const LARGEST_SURE_FLOAT: f64 = 1e308;
 
 /// A SOW key as the twin computes it (`KeyExtractor.many`): the text, or an integer's
