@@ -266,7 +266,8 @@ class SowEngine:
 
     def _scan(self, topic: str, filter: Filter | None) -> Iterator[SowRecord]:
         """stream() of a filter that pins no key: each store's scan, its checks run on
-        the stored bytes (PartitionStore.scan_matching), from one moment (_snapshot's)."""
+        the stored bytes (PartitionStore.scan_matching), every scan and the expiry clock
+        taken in one moment under the lock, as _snapshot takes a query's."""
         keep = filter.matches if filter is not None else None
         with self.lock:
             expired_by = self.clock() if self.rules[topic].expiring else None
