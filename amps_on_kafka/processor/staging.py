@@ -114,7 +114,13 @@ def _stager(field: str) -> Any:
     """One compiled stager per key field, made once: it holds the field and the envelope's
     header names the plain-publish check reads (log/envelope.py is_plain_publish)."""
     assert core is not None
-    return core.BlindRecords(field, sorted(_STATEFUL), sorted(_TEXT), H_SEQUENCE)
+    return core.BlindRecords(field, sorted(_STATEFUL), sorted(_TEXT), H_SEQUENCE, _give_way)
+
+
+def _give_way() -> None:
+    """Called by the compiled stager every megabyte or so of a batch: entering a Python
+    function is where the interpreter hands the GIL to a thread that waits for it (the
+    gateway's event loop), as the twin's loops do between bytecodes."""
 
 
 def log_messages(

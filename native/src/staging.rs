@@ -315,6 +315,21 @@ type StagedRecord<'py> = (
     Bound<'py, PyBytes>,
 );
 
+/// How much work (bytes parsed, RECORD_WORK a record) a call does between calls of its
+/// `give_way`, about a millisecond here. The twin's loops run in bytecode, where the
+/// interpreter hands the GIL to a thread that has waited for it 5 ms; a batch of large
+/// records would otherwise hold the GIL for the whole batch (48 MB of JSON: 40-60 ms)
+/// and keep the gateway's event loop, in the same process, from running.
+///
+/// `give_way` is a Python function that does nothing: entering it is where the
+/// interpreter makes that hand-over. Releasing the GIL from here (`Python::detach`) does
+/// not: the waiting thread asks for the GIL only after 5 ms with no switch, and each
+/// release and re-take counts as one, so releasing it every millisecond starved it.
+const YIELD_WORK: usize = 1 << 20;
+
+/// A record's fixed cost (its method calls and objects) in bytes of parsing, about as long.
+const RECORD_WORK: usize = 1024;
+
 /// A staged batch: raw keys, keys, records as stored, in the batch's order.
 type StagedBatch<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>);
 
@@ -325,6 +340,7 @@ type StagedBatch<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyLi
 struct BlindRecords {
     field: String,
     headers: HeaderRules,
+    give_way: Py<PyAny>,
 }
 
 #[pymethods]
@@ -335,9 +351,14 @@ impl BlindRecords {
         stateful: Vec<String>,
         text: Vec<String>,
         sequence: String,
+        give_way: Py<PyAny>,
     ) -> PyResult<Self> {
         let headers = HeaderRules::new(stateful, text, sequence)?;
-        Ok(BlindRecords { field, headers })
+        Ok(BlindRecords {
+            field,
+            headers,
+            give_way,
+        })
     }
 
     /// (raw keys, keys, records as stored), three lists in the batch's order, or None
@@ -356,6 +377,7 @@ impl BlindRecords {
         let raw_keys = PyList::empty(py);
         let keys = PyList::empty(py);
         let stored = PyList::empty(py);
+        let mut work = 0;
         for (record, headers) in records.iter().zip(headers.iter()) {
             if plain_publish(&headers, &self.headers) != Some(true) {
                 return Ok(None);
@@ -363,6 +385,11 @@ impl BlindRecords {
             let Some((key, raw, packed)) = self.stage(py, &record)? else {
                 return Ok(None);
             };
+            work += packed.as_bytes().len() + RECORD_WORK;
+            if work > YIELD_WORK {
+                self.give_way.call0(py)?;
+                work = 0;
+            }
             keys.append(key)?;
             raw_keys.append(raw)?;
             stored.append(packed)?;
