@@ -23,7 +23,7 @@ from amps_on_kafka.expr.functions import FUNCTIONS
 from amps_on_kafka.expr.patterns import compile_pattern
 
 _PY_OPS = {"=": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
-_FLIPPED = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+FLIPPED = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 Template = Callable[[str], str]
 _INLINE_STEPS = 4
 _CALLS = {name: function.bind() for name, function in FUNCTIONS.items()}
@@ -199,7 +199,7 @@ class _Codegen:
         if isinstance(left, n.Literal) and isinstance(right, n.Literal):
             return repr(v.compare(v.COMPARE_OPS[op], left.value, right.value) is want)
         if isinstance(left, n.Literal):
-            op, left, right = _FLIPPED[op], right, left
+            op, left, right = FLIPPED[op], right, left
         opfn = self.const(v.COMPARE_OPS[op])
         if not isinstance(right, n.Literal) or right.value is None:
             return f"(_compare({opfn}, {self.value(left)}, {self.value(right)}) is {want})"

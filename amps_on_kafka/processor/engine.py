@@ -20,11 +20,12 @@ from typing import Any, TypeVar, overload
 from amps_on_kafka.config import Config, SowConfig
 from amps_on_kafka.errors import FilterError, MessageError, PartitionsMoving, UnknownTopic
 from amps_on_kafka.expr import Expression, Filter, compile_expression
+from amps_on_kafka.expr.raw import raw_check
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.keys import key_from_values
 from amps_on_kafka.processor.collections import let_go
 from amps_on_kafka.state.events import BatchApplied
-from amps_on_kafka.state.record import SowRecord
+from amps_on_kafka.state.record import HEADER_SIZE, SowRecord
 from amps_on_kafka.state.sow import SowRules
 from amps_on_kafka.state.store import PartitionStore
 
@@ -268,10 +269,13 @@ class SowEngine:
         """stream() of a filter that pins no key: each store's scan, its checks run on
         the stored bytes (PartitionStore.scan_matching), every scan and the expiry clock
         taken in one moment under the lock, as _snapshot takes a query's."""
-        keep = filter.matches if filter is not None else None
+        keep, sure = None, None
+        if filter is not None:
+            keep, sure = filter.matches, raw_check(filter, HEADER_SIZE)
         with self.lock:
             expired_by = self.clock() if self.rules[topic].expiring else None
-            sources = [store.scan_matching(keep, expired_by) for store in self._owned(topic)]
+            owned = self._owned(topic)
+            sources = [store.scan_matching(keep, expired_by, sure) for store in owned]
         return itertools.chain.from_iterable(sources)
 
     def _snapshot(

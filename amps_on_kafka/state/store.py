@@ -28,6 +28,7 @@ from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from amps_on_kafka.config.model import DEFAULT_WRITE_BUFFER_BYTES
 from amps_on_kafka.errors import AmpsError, MessageError
+from amps_on_kafka.expr.raw import RawCheck
 from amps_on_kafka.log.codecs import Codec, JsonCodec
 from amps_on_kafka.state.events import Replaced
 from amps_on_kafka.state.record import (
@@ -256,19 +257,32 @@ class PartitionStore:
         return self._walk(iterator)
 
     def scan_matching(
-        self, keep: Callable[[Any], bool] | None, expired_by: int | None
+        self,
+        keep: Callable[[Any], bool] | None,
+        expired_by: int | None,
+        sure: RawCheck | None = None,
     ) -> Iterator[SowRecord]:
         """scan() without the records whose deadline is at or before `expired_by` (ms;
         None: none expire) or whose decoded payload `keep` refuses (a payload that does
         not decode is refused), as of this call. A filtered scan's checks run on the
         stored bytes, so a record skipped is never built: building every record was a
-        fifth of a gateway's scan, and a filter drops half (docs/performance.md)."""
+        fifth of a gateway's scan, and a filter drops half (docs/performance.md).
+
+        `sure` (expr/raw.py, for a JSON store) answers `keep` on the stored record's
+        bytes without decoding it, or None when it is not sure: only then is the
+        payload decoded."""
         iterator = self._sow.iter()
         iterator.seek_to_first()
-        return self._walk_matching(iterator, keep, expired_by)
+        decode = _decoder(self.codec)
+        sure = sure if decode is orjson.loads else None
+        return self._walk_matching(iterator, keep, expired_by, sure)
 
     def _walk_matching(
-        self, iterator: Any, keep: Callable[[Any], bool] | None, expired_by: int | None
+        self,
+        iterator: Any,
+        keep: Callable[[Any], bool] | None,
+        expired_by: int | None,
+        sure: RawCheck | None,
     ) -> Iterator[SowRecord]:
         topic, partition, codec = self.topic, self.partition, self.codec
         decode, unpack = _decoder(codec), unpack_header
@@ -279,11 +293,15 @@ class PartitionStore:
                 if expired_by is None or deadline == NEVER or deadline > expired_by:
                     payload, data, kept = raw[HEADER_SIZE:], None, True
                     if keep is not None:
-                        try:
-                            data = decode(payload)
-                            kept = keep(data)
-                        except (MessageError, orjson.JSONDecodeError):  # can't match
-                            kept = False
+                        verdict = None if sure is None else sure(raw)
+                        if verdict is not None:
+                            kept = verdict
+                        else:
+                            try:
+                                data = decode(payload)
+                                kept = keep(data)
+                            except (MessageError, orjson.JSONDecodeError):  # can't match
+                                kept = False
                     if kept:
                         key = iterator.key().decode()
                         yield SowRecord(

@@ -3,6 +3,7 @@
 //! uses this module when it is installed and its twin when it is not
 //! (`amps_on_kafka/native.py`). One Rust module per concern, each with a `register`
 //! that adds its functions to the Python module.
+mod filters;
 mod frames;
 mod records;
 mod staging;
@@ -15,5 +16,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     staging::register(m)?;
     frames::register(m)?;
     records::register(m)?;
+    filters::register(m)?;
     Ok(())
 }

@@ -26,7 +26,7 @@ const HEADER: usize = 24;
 /// Floats larger than this are left to orjson: near f64::MAX the two parsers' rounding
 /// disagrees on whether a number is infinite, which orjson rejects (serde_json reads
 /// 1.79769313486231585e308 as f64::MAX; rounded exactly it is infinite).
-const LARGEST_SURE_FLOAT: f64 = 1e308;
+pub(crate) const LARGEST_SURE_FLOAT: f64 = 1e308;
 
 /// A SOW key as the twin computes it (`KeyExtractor.many`): the text, or an integer's
 /// decimal digits.

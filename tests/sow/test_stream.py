@@ -17,6 +17,7 @@ import pytest
 from amps_on_kafka.config import Config
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.processor import engine as engine_module
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.state.record import NEVER, SowRecord
 from amps_on_kafka.state.sow import SowRules
@@ -31,20 +32,30 @@ FILTERS = [
     "/qty = 3 OR /name = 'x'",
     "/missing IS NULL",
     "NOT /qty < 100",
+    "/qty > '5' AND NOT /name <> 'x'",  # these four: the compiled check (expr/raw.py)
+    "/n/v >= 2.5 OR /qty <= 1.5",
+    "/qty = 7",
+    "/name > 5",
     "/id = 7",  # pins the key: stream's other path
     "/id IN (1, 2, 250)",
 ]
 
 
 def payload(i: int) -> bytes:
-    """Mostly documents; some that don't decode, some null, some arrays."""
+    """Mostly documents (the quantity a number, a numeric string, an array, a float or
+    null); some that don't decode, some null, some arrays, some with a field twice."""
     if i % 17 == 0:
         return b"{not json"
     if i % 19 == 0:
         return b"null"
     if i % 23 == 0:
         return b"[1, 2]"
-    return orjson.dumps({"id": i, "qty": i % 12, "name": "x" if i % 5 == 0 else "y"})
+    if i % 29 == 0:
+        return b'{"id": %d, "qty": 1, "qty": 9}' % i  # orjson keeps the last
+    qty = (i % 12, str(i % 12), [i % 12, 3], i / 7, None)[i % 11 % 5]
+    return orjson.dumps(
+        {"id": i, "qty": qty, "name": "x" if i % 5 == 0 else "y", "n": {"v": i / 4}}
+    )
 
 
 def deadline(i: int) -> int:
@@ -97,3 +108,13 @@ def test_a_stream_leaves_out_expired_and_undecodable_records(engine: SowEngine) 
     everything = list(engine.stream(TOPIC))
     assert {r.payload for r in everything} >= {b"{not json", b"null"}
     assert len(everything) == sum(1 for i in range(RECORDS) if deadline(i) in (NEVER, NOW + 1))
+
+
+@pytest.mark.parametrize("text", FILTERS[1:])
+def test_a_stream_answers_as_it_does_without_the_compiled_check(
+    engine: SowEngine, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    filter = compile_filter(text)
+    checked = list(engine.stream(TOPIC, filter))
+    monkeypatch.setattr(engine_module, "raw_check", lambda filter, skip: None)
+    assert list(engine.stream(TOPIC, filter)) == checked
