@@ -259,7 +259,10 @@ class QueueEngine:
         return self._named(pattern)
 
     def owns(self, pattern: str) -> bool:
-        """Whether every queue `pattern` names runs here (always, unless `share`d)."""
+        """Whether every queue `pattern` names runs here (always, unless `share`d). A
+        queue's own name, as every ack names it, is answered without a list."""
+        if pattern in self.runtimes:
+            return True
         return all(name in self.runtimes for name in self._named(pattern))
 
     def _matching(self, pattern: str) -> list[QueueRuntime]:

@@ -174,7 +174,15 @@ class QueueService:
         they come several a turn, and share one state change, events record and wait."""
         self._acks.append(command)
         if len(self._acks) == 1:
-            self._loop.call_soon(self.apply_acks)
+            self._loop.call_soon(self._apply_and_send)
+
+    def _apply_and_send(self) -> None:
+        """Event loop, at the end of the turn: apply the deferred acks, then send the
+        deliveries they freed room for now, not one more turn of the loop later (that
+        turn's poll of the sockets cost more than the drain)."""
+        self.apply_acks()
+        if self._posted:
+            self._drain()
 
     def apply_acks(self) -> None:
         """Event loop: apply the deferred acks now. Every other queue command calls this
