@@ -291,19 +291,19 @@ class PartitionStore:
                 raw = iterator.value()
                 offset, timestamp, deadline = unpack(raw)
                 if expired_by is None or deadline == NEVER or deadline > expired_by:
-                    payload, data, kept = raw[HEADER_SIZE:], None, True
+                    data, kept = None, True
                     if keep is not None:
                         verdict = None if sure is None else sure(raw)
                         if verdict is not None:
                             kept = verdict
                         else:
                             try:
-                                data = decode(payload)
+                                data = decode(raw[HEADER_SIZE:])
                                 kept = keep(data)
                             except (MessageError, orjson.JSONDecodeError):  # can't match
                                 kept = False
                     if kept:
-                        key = iterator.key().decode()
+                        key, payload = iterator.key().decode(), raw[HEADER_SIZE:]
                         yield SowRecord(
                             topic, partition, key, payload, offset, timestamp, deadline, codec, data
                         )
