@@ -98,6 +98,7 @@ class QueueSubscription:
 
 
 Deliver = Callable[[QueueMessage], None]
+DeliverBurst = Callable[[list[QueueMessage]], None]  # subscribe(..., burst=True)
 # an ack nobody waits for: verb (ack, cancel, expire), queue, messages, session, done
 AckCommand = tuple[str, str, list[MessageId], Hashable, Done]
 
@@ -280,14 +281,17 @@ class QueueEngine:
     def subscribe(
         self,
         pattern: str,
-        deliver: Deliver,
+        deliver: Deliver | DeliverBurst,
         *,
         session: Hashable,
         sub_id: str,
         filter: str | None = None,
         max_backlog: int | None = None,
+        burst: bool = False,
     ) -> QueueSubscription:
-        """Subscribe to every queue `pattern` names; messages are pushed to `deliver`.
+        """Subscribe to every queue `pattern` names; messages are pushed to `deliver`,
+        one at a time, or with `burst` as a list: each burst's messages from one queue,
+        in order, in one call (the gateway's batched frames take them so).
 
         The backlog is the smaller of `max_backlog` (default 1) and the smallest
         MaxPerSubscriptionBacklog of the matched queues, shared across them.
@@ -295,7 +299,7 @@ class QueueEngine:
         runtimes = self._matching(pattern)
         matches = compile_filter(filter).matches if filter else None
         backlog = effective_backlog(max_backlog, [r.state.policy for r in runtimes])
-        subscription = Subscription(sub_id, session, matches, backlog, deliver=deliver)
+        subscription = Subscription(sub_id, session, matches, backlog, deliver=deliver, burst=burst)
         with self.lock:
             for runtime in runtimes:
                 runtime.state.subscribe(subscription)
@@ -399,15 +403,31 @@ class QueueEngine:
             return self.settled.wait_for(condition, timeout)
 
     def send(self, queue: str, deliveries: list[Delivery]) -> None:
+        """Hand `queue`'s deliveries to their subscribers, in order: one call a message,
+        or one a subscription that takes bursts (its messages of this call, in order)."""
         now = self.clock()
+        bursts: dict[Subscription, list[QueueMessage]] = {}
         for delivery in deliveries:
             subscription = delivery.subscription
             lease = None if delivery.lease_until is None else delivery.lease_until - now
             message = _message(queue, subscription.sub_id, delivery.entry, lease)
-            try:
-                subscription.deliver(message)  # type: ignore[misc]
-            except Exception:
-                log.exception("queue %s: delivering to %s failed", queue, subscription.sub_id)
+            if subscription.burst:
+                burst = bursts.get(subscription)
+                if burst is None:
+                    burst = bursts[subscription] = []
+                burst.append(message)
+            else:
+                _hand(queue, subscription, message)
+        for subscription, messages in bursts.items():
+            _hand(queue, subscription, messages)
+
+
+def _hand(queue: str, subscription: Subscription, what: QueueMessage | list[QueueMessage]) -> None:
+    """A subscriber's failure is its own: the others still get theirs."""
+    try:
+        subscription.deliver(what)  # type: ignore[misc]
+    except Exception:
+        log.exception("queue %s: delivering to %s failed", queue, subscription.sub_id)
 
 
 def _settle_each(results: list[tuple[Done, AckResult]], outcome: Any) -> None:

@@ -154,18 +154,21 @@ class QueueService:
         self._wake()
 
     def post_batched(
-        self, sub: QueueSubscriber, queue: str, rec: dict[str, Any], payload: bytes
+        self, sub: QueueSubscriber, queue: str, entries: list[tuple[dict[str, Any], bytes]]
     ) -> None:
-        """Any thread: a delivery to a batched subscription joins its open batch from
-        `queue`, sent in order with the other frames of the burst."""
+        """Any thread: a burst of deliveries (recs entry, payload) to a batched
+        subscription joins its open batch from `queue`, sent in order with the other
+        frames of the burst: one lock and one wake-up for the burst."""
         key = (sub, queue)
         with self._outbox_lock:
             batch = self._open.get(key)
-            if batch is None:
-                batch = self._open[key] = DeliveryBatch(sub.sub_id, queue)
-                self._outbox.append((sub.session, batch))
-            if not batch.add(rec, payload):
-                del self._open[key]
+            for rec, payload in entries:
+                if batch is None:
+                    batch = self._open[key] = DeliveryBatch(sub.sub_id, queue)
+                    self._outbox.append((sub.session, batch))
+                if not batch.add(rec, payload):
+                    del self._open[key]
+                    batch = None
         self._wake()
 
     def defer_ack(self, command: AckCommand) -> None:
@@ -280,15 +283,20 @@ class QueueSubscriber:
         self.handle: QueueSubscription | None = None
         self._service: QueueService = session.gateway.queues  # type: ignore[assignment]
 
-    def deliver(self, message: QueueMessage) -> None:
-        """Engine threads, under the engine lock: hand the message to the event loop."""
-        payload = wire_payload(message.codec, message.payload, message)
-        if self.batched:
+    def deliver_burst(self, messages: list[QueueMessage]) -> None:
+        """Engine threads, under the engine lock: a batched subscription's burst of
+        messages from one queue (QueueEngine.subscribe with `burst`) to the event loop."""
+        entries = []
+        for message in messages:
             rec: dict[str, Any] = {"bm": message.bookmark, "ts": message.timestamp}
             if message.lease_ms is not None:
                 rec["lp"] = message.lease_ms
-            self._service.post_batched(self, message.queue, rec, payload)
-            return
+            entries.append((rec, wire_payload(message.codec, message.payload, message)))  # type: ignore[arg-type]
+        self._service.post_batched(self, messages[0].queue, entries)
+
+    def deliver(self, message: QueueMessage) -> None:
+        """Engine threads, under the engine lock: hand the message to the event loop."""
+        payload = wire_payload(message.codec, message.payload, message)  # type: ignore[arg-type]
         header: dict[str, Any] = {
             "c": "publish",
             "sub_id": self.sub_id,
@@ -329,11 +337,12 @@ async def subscribe(session: Session, request: Request) -> None:
     try:
         sub.handle = _engine(session).subscribe(
             pattern,  # type: ignore[arg-type]
-            sub.deliver,
+            sub.deliver_burst if batched else sub.deliver,
             session=session,
             sub_id=sub.sub_id,
             filter=text(header, "f"),
             max_backlog=max_backlog,
+            burst=batched,
         )
     except BaseException:
         session.remove_subscription(sub.sub_id)

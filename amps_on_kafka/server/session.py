@@ -162,7 +162,11 @@ class Session:
         (publishing.publish_run), anything else one by one."""
         position = 0
         while position < len(events) and not self.closed:
-            if self.client_name is not None and self._unchecked():
+            if (  # a run starts at a plain publish (a Publish tuple): an ack frame skips it
+                type(events[position]) is tuple
+                and self.client_name is not None
+                and self._unchecked()
+            ):
                 position = publishing.publish_run(self, events, position)
                 if position == len(events):
                     return

@@ -146,8 +146,8 @@ def effective_backlog(requested: int | None, policies: Iterable[QueuePolicy]) ->
 @dataclass(eq=False, slots=True)
 class Subscription:
     """A queue subscriber. One object is shared by every queue its topic pattern matches,
-    so its backlog is counted across all of them. `deliver` is for the caller; the state
-    machine never calls it."""
+    so its backlog is counted across all of them. `deliver` (and `burst`: it takes a
+    list of messages) is for the caller; the state machine never calls it."""
 
     sub_id: str
     session: Hashable
@@ -155,6 +155,7 @@ class Subscription:
     max_backlog: int = 1
     outstanding: int = 0
     deliver: Callable[..., None] | None = None
+    burst: bool = False
 
     def wants(self, entry: QueueEntry) -> bool:
         return self.filter is None or bool(evaluate(self.filter, entry.data))

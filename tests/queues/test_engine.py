@@ -61,6 +61,39 @@ def test_subscription_is_pushed_messages_with_bookmark_and_lease_period_up_to_it
     assert [m.data["n"] for m in inbox.wait_for(5)[3:]] == [3, 4]
 
 
+def test_a_burst_subscription_gets_each_burst_as_one_list_in_order(
+    queue_config, engines, publisher
+):
+    """subscribe(burst=True): the messages one ack frees come in one call, in delivery
+    order, beside a subscription that still gets them one at a time."""
+    config = queue_config(LeasePeriod="30s")
+    queue = config.queues[0].name
+    engine = engines(config)
+    calls: list[list] = []
+    burst = Inbox()
+    single = Inbox()
+
+    def by_burst(messages: list) -> None:
+        calls.append(list(messages))
+        for message in messages:
+            burst(message)
+
+    engine.subscribe(queue, by_burst, session="s1", sub_id="b", max_backlog=4, burst=True)
+    publish(publisher, queue, range(12))
+    first = burst.wait_for(4)
+    engine.subscribe(queue, single, session="s2", sub_id="o", max_backlog=2)
+    single.wait_for(2)
+    eventually(engine, lambda: engine.runtimes[queue].state.depth == 12, what="all 12 read")
+    calls.clear()
+    engine.ack(queue, ",".join(m.bookmark for m in first), "s1").result(10)
+    burst.wait_for(8)
+    assert [len(c) for c in calls] == [4]  # the 4 freed slots filled by one call
+    delivered = [m.data["n"] for m in burst.messages] + [m.data["n"] for m in single.messages]
+    assert sorted(delivered) == list(range(10))
+    assert [m.data["n"] for m in calls[0]] == sorted(m.data["n"] for m in calls[0])
+    assert all(isinstance(m.lease_ms, int) and m.sub_id == "b" for m in calls[0])
+
+
 def test_acks_of_several_sessions_are_applied_as_one_record_each_with_its_result(
     queue_config, engines, publisher
 ):
