@@ -25,6 +25,7 @@ from amps_on_kafka.log.bookmarks import (
     resolve_stop,
     watermarks,
 )
+from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.kafka import consume_available, partitions_of, reader, topic_names
 from amps_on_kafka.log.message import (
     COMPLETED,
@@ -137,6 +138,8 @@ class Replay:
         consumer, batch_size = self._consumer, self.batch_size
         plain = self.predicate is None and self.stops is None  # every record is delivered
         codec = next(iter(codecs.values())) if len(codecs) == 1 else None
+        # a filter and no stop: a batch with no end of the replay in it is built at once
+        filter_codec = codec if self.predicate is not None and self.stops is None else None
         while True:
             records = consume_available(consumer, batch_size, 0.2)
             if not records:
@@ -162,7 +165,11 @@ class Replay:
                 if not self._idle_over(idle_since):
                     continue
             else:
-                yielded = yield from self._checked(records)
+                if filter_codec is not None and not (pending and self._batch_reaches_an_end()):
+                    batch = self._filtered(records, filter_codec)
+                else:
+                    batch = self._checked(records)
+                yielded = yield from batch
                 if yielded:
                     idle_since = time.monotonic()
                 if self._stop_finished_partitions():
@@ -200,6 +207,25 @@ class Replay:
                 if not pending:
                     yield COMPLETED
                     yielded = True
+        return yielded
+
+    def _filtered(
+        self, records: list, codec: Codec
+    ) -> Generator[LogMessage | Completed, None, bool]:
+        """A batch with no end of the replay in it, under a filter and no `until`: its
+        messages built in one call, only the filter checked per record (a record that is an
+        error, and those after it, go through _checked). True if it yielded anything."""
+        predicate = self.predicate
+        assert predicate is not None  # filtered replays only
+        built = record_messages(records, codec)
+        yielded = False
+        for message in built:
+            if _matches(predicate, message):
+                yield message
+                yielded = True
+        rest = records[built.read :]
+        if rest:
+            yielded = (yield from self._checked(rest)) or yielded
         return yielded
 
     def _batch_reaches_an_end(self) -> bool:

@@ -210,3 +210,29 @@ def test_a_filtered_replay_wakes_its_follower_and_ticks_end_at_until(bootstrap, 
     assert TICK in items
     assert [item for item in items if item is not TICK] == [COMPLETED]
     assert replay.finished
+
+
+@pytest.mark.parametrize("predicate", [None, lambda data: data["id"] % 3 == 0])
+def test_small_batches_deliver_what_one_read_delivers(bootstrap, orders, predicate):
+    """A batch that holds no end of the replay is built in one call (with or without a
+    filter); one that does is read record by record. Either way: every (matching) record
+    once, in partition order, and COMPLETED once, after the last of them."""
+
+    def replayed(batch_size: int) -> list:
+        with Replay(
+            bootstrap, orders, "0", predicate=predicate, max_idle=30, batch_size=batch_size
+        ) as replay:
+            items = []
+            for item in replay:
+                items.append(item)
+                if item is COMPLETED:
+                    break
+        assert items[-1] is COMPLETED and COMPLETED not in items[:-1]
+        return [(m.partition, m.offset, m.data["n"]) for m in items[:-1]]
+
+    small, whole = replayed(7), replayed(10_000)
+    assert len(small) == (COUNT if predicate is None else 68)
+    assert sorted(small) == sorted(whole)
+    for partition in range(4):
+        offsets = [offset for p, offset, _ in small if p == partition]
+        assert offsets == sorted(offsets)
