@@ -32,6 +32,10 @@ const MOST_FIELDS: usize = 64;
 /// Floats this close to the literal (relatively) are left to the Python filter.
 const ROUNDING: f64 = 1e-9;
 
+/// Below this size, how close is measured from here: near zero (subnormal floats) one
+/// ulp is most of the value.
+const TINY: f64 = 1e-290;
+
 #[derive(Clone, Copy)]
 enum Num {
     Int(i128),
@@ -182,7 +186,7 @@ fn numbers(field: Num, literal: Num) -> Option<Ordering> {
                 Num::Int(b) => b as f64,
                 Num::Float(b) => b,
             };
-            if (a - b).abs() <= ROUNDING * a.abs().max(b.abs()) {
+            if (a - b).abs() <= ROUNDING * a.abs().max(b.abs()).max(TINY) {
                 return None;
             }
             a.partial_cmp(&b)

@@ -67,7 +67,7 @@ trees = st.recursive(
 leaves = (
     scalars
     | st.sampled_from([0, 1, 499, 500, 501, 500.0, 500.5, 2**64, "500", "5e2", "x", "", " 5"])
-    | st.sampled_from(["é", "🙂", "y", "-", ".", "1e999"])
+    | st.sampled_from(["é", "🙂", "y", "-", ".", "1e999", 5e-324, -1e-310, 2.5e-300])
 )
 values = nested(leaves)
 names = st.sampled_from([*NAMES, "q\\u0074y", "Qty", "qty "]) | st.text(max_size=3)
@@ -171,6 +171,7 @@ UNSURE = [
     ("/qty > 500", b'{"qty": 1, "qty": 600}'),  # orjson keeps the last
     ("/qty > 500", b'{"qty": "600"}'),  # a numeric string is its number
     ("/qty = 0.1", b'{"qty": 0.1}'),  # within serde_json's rounding
+    ("/qty > 0", b'{"qty": 3e-324}'),  # near zero, an ulp is the whole value
     ("/qty > 500", b"[1]"),  # not an object
     ("/qty > 500", HEADER[:3]),  # shorter than the header
 ]
