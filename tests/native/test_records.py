@@ -153,6 +153,7 @@ def test_built_messages_hold_their_references():
         (int, "raw", TypeError),
         (type("Open", (), {}), "raw", TypeError),  # instances have a __dict__
         (RecordMessage, "no_such_slot", AttributeError),
+        (RecordMessage, "codec", ValueError),  # written twice: the first value would leak
     ],
 )
 def test_a_builder_refuses_what_it_cannot_lay_out(cls, slot, error):
