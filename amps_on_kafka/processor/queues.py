@@ -50,6 +50,7 @@ from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.bookmarks import Position, parse_bookmark
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.registry import TopicRegistry
+from amps_on_kafka.native import core
 from amps_on_kafka.processor.queue_owner import QueueOwnership
 from amps_on_kafka.processor.queue_recording import Done
 from amps_on_kafka.processor.queue_runtime import QueueRuntime, now_ms
@@ -462,9 +463,23 @@ def _message(queue: str, sub_id: str | None, entry: QueueEntry, lease: int | Non
 def _message_ids(bookmarks: str | Iterable[str]) -> list[MessageId]:
     """Message bookmarks (`topic|partition|offset|`, comma-separated lists too).
 
-    Acks carry them by the thousand, so the common form is split directly; anything
-    else goes through parse_bookmark for its error message.
+    Acks carry them by the thousand, so the common form is split directly (by the
+    compiled core when it is loaded: native/src/acks.rs, a list of them all or None);
+    anything else goes through parse_bookmark for its error message.
     """
+    if _compiled_ids is not None and type(bookmarks) is str:
+        ids = _compiled_ids(bookmarks)
+        if ids is not None:
+            return ids
+    return _message_ids_twin(bookmarks)
+
+
+# A core built before native/src/acks.rs has no message_ids: the twin then, as without one.
+_compiled_ids = getattr(core, "message_ids", None)
+
+
+def _message_ids_twin(bookmarks: str | Iterable[str]) -> list[MessageId]:
+    """_message_ids in Python: what the compiled split leaves, or all without it."""
     texts = [bookmarks] if isinstance(bookmarks, str) else list(bookmarks)
     ids: list[MessageId] = []
     for text in texts:

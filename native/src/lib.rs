@@ -3,6 +3,7 @@
 //! uses this module when it is installed and its twin when it is not
 //! (`amps_on_kafka/native.py`). One Rust module per concern, each with a `register`
 //! that adds its functions to the Python module.
+mod acks;
 mod filters;
 mod frames;
 mod records;
@@ -17,5 +18,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     frames::register(m)?;
     records::register(m)?;
     filters::register(m)?;
+    acks::register(m)?;
     Ok(())
 }
