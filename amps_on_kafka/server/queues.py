@@ -21,6 +21,7 @@ header to encode and decode for many messages, and one hand-off in the client.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -58,6 +59,7 @@ from amps_on_kafka.state.record import SowRecord
 if TYPE_CHECKING:
     from amps_on_kafka.server.session import Session
 
+log = logging.getLogger(__name__)
 Handler = Callable[["Session", Request], Awaitable[None]]
 ACK_OPTIONS = ("cancel", "expire")
 # A batched delivery frame closes once it holds this many messages or payload bytes (a
@@ -288,10 +290,15 @@ class QueueSubscriber:
         messages from one queue (QueueEngine.subscribe with `burst`) to the event loop."""
         entries = []
         for message in messages:
+            try:  # one message that can't be sent is its own failure, as one at a time
+                payload = wire_payload(message.codec, message.payload, message)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("queue %s: delivering to %s failed", message.queue, self.sub_id)
+                continue
             rec: dict[str, Any] = {"bm": message.bookmark, "ts": message.timestamp}
             if message.lease_ms is not None:
                 rec["lp"] = message.lease_ms
-            entries.append((rec, wire_payload(message.codec, message.payload, message)))  # type: ignore[arg-type]
+            entries.append((rec, payload))
         self._service.post_batched(self, messages[0].queue, entries)
 
     def deliver(self, message: QueueMessage) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -16,9 +17,16 @@ from amps_on_kafka.config import Config
 from amps_on_kafka.errors import MessageError, PublishError, ServerError
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.queue_runtime import events_topic
+from amps_on_kafka.processor.queues import QueueMessage
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.protocol.frames import FrameDecoder
-from amps_on_kafka.server.queues import BATCH_BYTES, BATCH_RECORDS, DeliveryBatch
+from amps_on_kafka.server.queues import (
+    BATCH_BYTES,
+    BATCH_RECORDS,
+    DeliveryBatch,
+    QueueService,
+    QueueSubscriber,
+)
 from tests.conftest import create_topic, delete_topics
 from tests.queues.helpers import event_records, eventually, stall, take
 from tests.server.helpers import Wire
@@ -257,6 +265,36 @@ def test_a_delivery_batch_closes_at_its_bounds_and_encodes_as_one_frame():
     assert len(frame.payload) == 2 * BATCH_RECORDS
     big = DeliveryBatch("s", "q")
     assert not big.add({"bm": "q|0|0|"}, b"x" * BATCH_BYTES)  # full by bytes
+
+
+def test_a_burst_message_that_cannot_be_sent_fails_alone(caplog):
+    """deliver_burst: a message whose payload can't be made JSON (an Avro one that does
+    not decode) is logged and skipped; the rest of its burst goes out in one frame."""
+
+    class Broken:
+        message_type = "avro"
+
+        def decode(self, payload: bytes) -> object:
+            raise ValueError("not avro")
+
+    loop = asyncio.new_event_loop()
+    try:
+        engine = SimpleNamespace(on_ownership=lambda listener: None)
+        service = QueueService(engine, loop)  # type: ignore[arg-type]
+        session = SimpleNamespace(gateway=SimpleNamespace(queues=service))
+        sub = QueueSubscriber(session, "s1", batched=True)  # type: ignore[arg-type]
+        burst = [
+            QueueMessage("q", "s1", ("q", 0, n), f"q|0|{n}|", b"{}", 1, 500, None, None)
+            for n in range(3)
+        ]
+        burst[1].codec = Broken()  # type: ignore[assignment]
+        sub.deliver_burst(burst)
+        [(to, batch)] = list(service._outbox)
+        assert to is session
+        assert [rec["bm"] for rec in batch.recs] == ["q|0|0|", "q|0|2|"]
+        assert "delivering to s1 failed" in caplog.text
+    finally:
+        loop.close()
 
 
 def test_a_client_reads_batched_deliveries_as_messages(serve, clients, queue_config):
