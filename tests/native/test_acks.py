@@ -17,8 +17,6 @@ from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.native import core
 from amps_on_kafka.processor.queues import _message_ids, _message_ids_twin
 
-pytestmark = pytest.mark.skipif(core is None, reason="the compiled core is not loaded")
-
 # a lone surrogate is not UTF-8: the compiled split declines it (odd_parts has one)
 topics = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="|,"), max_size=12)
 numbers = st.integers(0, 2**64 + 5).map(str) | st.sampled_from(["007", "0"])

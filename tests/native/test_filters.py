@@ -25,9 +25,7 @@ from amps_on_kafka.expr import nodes as n
 from amps_on_kafka.expr.raw import plan, raw_check
 from amps_on_kafka.native import core
 from amps_on_kafka.state.record import HEADER_SIZE
-from tests.native.test_staging import ODD, nested, scalars
-
-pytestmark = pytest.mark.skipif(core is None, reason="the compiled core is not loaded")
+from tests.native.test_staging import ODD, encoded_now_and_then_damaged, nested, scalars
 
 HEADER = bytes(range(HEADER_SIZE))  # the stored record's header: never read as JSON
 NAMES = ["qty", "a", "b", "é"]
@@ -99,12 +97,7 @@ def documents(draw) -> bytes:
     if shape == "odd":
         return draw(st.sampled_from(ODD))
     text = json.dumps(draw(values)) if shape == "scalar" else draw(objects())
-    raw = text.encode("utf-8", "surrogatepass")  # a lone surrogate: invalid UTF-8
-    edit = draw(st.none() | st.tuples(st.integers(0, len(raw)), st.binary(max_size=2)))
-    if edit is not None and draw(st.sampled_from([False] * 7 + [True])):  # now and then
-        at, new = edit
-        raw = raw[:at] + new + raw[at + 1 :]
-    return raw
+    return encoded_now_and_then_damaged(draw, text, one_in=8)
 
 
 def python_answer(filter: Filter, payload: bytes) -> bool:

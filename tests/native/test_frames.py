@@ -18,7 +18,6 @@ import struct
 from unittest import mock
 
 import orjson
-import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
@@ -26,8 +25,6 @@ from amps_on_kafka.log.publisher import payload_key
 from amps_on_kafka.native import core
 from amps_on_kafka.protocol import frames
 from amps_on_kafka.protocol.frames import Event, Frame, FrameDecoder, plain_publish
-
-pytestmark = pytest.mark.skipif(core is None, reason="the compiled core is not loaded")
 
 LIMIT = 200  # the decoders' frame limit: some frames drawn are larger
 

@@ -25,8 +25,6 @@ from amps_on_kafka.log.codecs import BINARY, JSON, codec_for
 from amps_on_kafka.log.message import LogMessage, RecordMessage, _BuiltOneByOne
 from amps_on_kafka.native import core
 
-pytestmark = pytest.mark.skipif(core is None, reason="the compiled core is not loaded")
-
 AVRO = codec_for("avro", {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]})
 CODECS = st.sampled_from([JSON, BINARY, AVRO])
 PAYLOADS = st.one_of(

@@ -25,11 +25,8 @@ from hypothesis import strategies as st
 from amps_on_kafka.config import Config
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.envelope import _STATEFUL, _TEXT, H_SEQUENCE
-from amps_on_kafka.native import core
 from amps_on_kafka.processor.staging import blind_records, compiled_stager
 from amps_on_kafka.state.sow import SowRules
-
-pytestmark = pytest.mark.skipif(core is None, reason="the compiled core is not loaded")
 
 
 def rules_keyed_by(field: str) -> SowRules:
@@ -95,9 +92,15 @@ def payloads(draw, field: str) -> bytes | None:
         text = "{" + s + ("," + s).join(f"{dumps(n)}{s}:{s}{dumps(v)}" for n, v in members)
         text = text + s + "}"
         text = text.replace('"i\\\\u0064"', '"i\\u0064"')  # the escaped name "id"
-    raw = text.encode("utf-8", "surrogatepass")  # a lone surrogate: invalid UTF-8
+    return encoded_now_and_then_damaged(draw, text, one_in=6)
+
+
+def encoded_now_and_then_damaged(draw, text: str, one_in: int) -> bytes:
+    """`text` as UTF-8 (a lone surrogate stays: invalid UTF-8), and in about one draw of
+    `one_in` with a byte replaced by up to two others (broken JSON, cut characters)."""
+    raw = text.encode("utf-8", "surrogatepass")
     edit = draw(st.none() | st.tuples(st.integers(0, len(raw)), st.binary(max_size=2)))
-    if edit is not None and draw(st.sampled_from([False] * 5 + [True])):  # now and then
+    if edit is not None and draw(st.sampled_from([False] * (one_in - 1) + [True])):
         at, new = edit
         raw = raw[:at] + new + raw[at + 1 :]
     return raw

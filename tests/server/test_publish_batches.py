@@ -5,6 +5,9 @@ it always got, and the budget's bounds hold for a batch as for one command."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import orjson
 
 from amps_on_kafka.config import Config
@@ -38,21 +41,28 @@ def flushed(wire: Wire, cid: str) -> list[dict]:
     return [frame.header for frame in frames[:-1]]
 
 
-def test_a_batch_answers_each_record_kafka_failed_for_its_own_command(bootstrap, topic_factory):
-    kept, dropped = topic_factory(1), topic_factory(1)
-    settings = GatewayConfig(publish_timeout=2.0)
+@contextmanager
+def logged_on(bootstrap: str, name: str, settings: GatewayConfig) -> Iterator[tuple[Gateway, Wire]]:
+    """A gateway with these settings over an empty engine, and a connection logged on."""
     engine = SowEngine(Config(), {}, now_ms)
     with Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway:
         wire = Wire(gateway.address)
         try:
-            wire.logon("batch-failures")
-            wire.send_raw(publishes({1: kept, 2: dropped}))  # both topics known from here
-            assert flushed(wire, "known") == []
-            delete_topics(bootstrap, [dropped])
-            wire.send_raw(publishes({s: dropped if s % 3 == 0 else kept for s in range(3, 40)}))
-            failures = flushed(wire, "after")
+            wire.logon(name)
+            yield gateway, wire
         finally:
             wire.close()
+
+
+def test_a_batch_answers_each_record_kafka_failed_for_its_own_command(bootstrap, topic_factory):
+    kept, dropped = topic_factory(1), topic_factory(1)
+    settings = GatewayConfig(publish_timeout=2.0)
+    with logged_on(bootstrap, "batch-failures", settings) as (gateway, wire):
+        wire.send_raw(publishes({1: kept, 2: dropped}))  # both topics known from here
+        assert flushed(wire, "known") == []
+        delete_topics(bootstrap, [dropped])
+        wire.send_raw(publishes({s: dropped if s % 3 == 0 else kept for s in range(3, 40)}))
+        failures = flushed(wire, "after")
     assert sorted(f["s"] for f in failures) == [s for s in range(3, 40) if s % 3 == 0]
     assert {(f["a"], f["status"], f["t"]) for f in failures} == {("persisted", "failure", dropped)}
     assert all(f["reason"].startswith("Kafka did not acknowledge within 2s") for f in failures)
@@ -92,17 +102,11 @@ def test_a_burst_past_the_budget_is_written_whole_and_in_order(bootstrap, topic_
     """Runs are cut to the budget's room; the rest waits for it, command by command."""
     topic = topic_factory(1)
     settings = GatewayConfig(max_publishes_in_flight=7)
-    engine = SowEngine(Config(), {}, now_ms)
-    with Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway:
-        wire = Wire(gateway.address)
-        try:
-            wire.logon("batch-budget")
-            wire.send_raw(publishes({1: topic}))
-            assert flushed(wire, "known") == []
-            wire.send_raw(publishes({s: topic for s in range(2, 300)}))
-            assert flushed(wire, "after") == []
-        finally:
-            wire.close()
+    with logged_on(bootstrap, "batch-budget", settings) as (gateway, wire):
+        wire.send_raw(publishes({1: topic}))
+        assert flushed(wire, "known") == []
+        wire.send_raw(publishes({s: topic for s in range(2, 300)}))
+        assert flushed(wire, "after") == []
         assert (gateway.budget.commands, gateway.budget.bytes) == (0, 0)  # all given back
     with Replay(bootstrap, topic, "0", max_idle=2) as replay:
         records = [m for m in replay if isinstance(m, LogMessage)]
