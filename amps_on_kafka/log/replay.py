@@ -39,6 +39,13 @@ from amps_on_kafka.log.registry import TopicRegistry
 
 Predicate = Callable[[Any], bool]
 _PLAIN_TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
+# Records consumed at a time. Each consumed record is an object the cyclic collector
+# tracks, alive until the batch has been read: a batch over the collector's first
+# threshold (700 allocations by default) starts collections that traverse its records,
+# promote them, and so start full collections, ~0.4 us a record at 2,000 a batch
+# (docs/performance.md). Under it, the records are freed, and the collector's count
+# falls back, before a collection is due.
+BATCH_SIZE = 500
 
 
 def select_topics(client, pattern: str) -> list[str]:
@@ -78,7 +85,7 @@ class Replay:
         until: str | None = None,
         registry: TopicRegistry | None = None,
         max_idle: float | None = None,
-        batch_size: int = 2000,
+        batch_size: int = BATCH_SIZE,
     ) -> None:
         self.predicate = predicate
         self.max_idle = max_idle

@@ -1,5 +1,6 @@
 """Bookmark subscriptions against the real broker: every bookmark form of seed 004."""
 
+import gc
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -10,7 +11,7 @@ from amps_on_kafka import NOW
 from amps_on_kafka.errors import InvalidBookmark, UnknownTopic
 from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.message import COMPLETED
-from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.log.replay import BATCH_SIZE, Replay
 
 COUNT = 200
 
@@ -236,3 +237,38 @@ def test_small_batches_deliver_what_one_read_delivers(bootstrap, orders, predica
     for partition in range(4):
         offsets = [offset for p, offset, _ in small if p == partition]
         assert offsets == sorted(offsets)
+
+
+def test_a_replay_reads_in_batches_the_collector_does_not_see(client, bootstrap, topic_factory):
+    """Consumed records are objects the cyclic collector tracks: read 500 at a time
+    (BATCH_SIZE), each batch is freed before the collector's count reaches its first
+    threshold, so a replay starts next to no collections; 5,000 at a time start several
+    a batch (docs/performance.md, the replay's fourth round)."""
+    topic = topic_factory(partitions=1)
+    for i in range(5_000):
+        client.publish(topic, {"n": i})
+    client.publish_flush(30)
+
+    def collections_while_read(batch_size: int) -> int:
+        started = []
+
+        def count(phase: str, info: dict) -> None:
+            if phase == "start":
+                started.append(info["generation"])
+
+        with Replay(bootstrap, topic, "0", max_idle=30, batch_size=batch_size) as replay:
+            gc.callbacks.append(count)
+            try:
+                read = 0
+                for item in replay:
+                    if item is COMPLETED:
+                        break
+                    read += bool(item.data)
+            finally:
+                gc.callbacks.remove(count)
+        assert read == 5_000
+        return len(started)
+
+    assert gc.get_threshold()[0] * 3 // 4 >= BATCH_SIZE  # room for what else a batch makes
+    default, large = collections_while_read(BATCH_SIZE), collections_while_read(5_000)
+    assert default <= 2 < large, (default, large)
