@@ -24,7 +24,7 @@ from amps_on_kafka.errors import PartitionsMoving, PublishError
 from amps_on_kafka.log.envelope import dead_letter_headers
 from amps_on_kafka.processor.queue_events import Pending
 from amps_on_kafka.state.queue_store import encode_events
-from amps_on_kafka.state.queue_types import Delivery, EventKind, Outbox, QueueEntry, Status
+from amps_on_kafka.state.queue_types import REMOVE, Delivery, Outbox, QueueEntry, Status
 
 # the runtime's log lines keep its logger name, which operators filter on
 # (docs/operations.md, Logging)
@@ -65,9 +65,7 @@ class Recording:
 
     def _count(self, box: Outbox) -> None:
         counts = self.counts
-        for event in box.events:
-            if event.kind is EventKind.REMOVE:
-                counts[event.reason] += 1  # type: ignore[index]
+        counts.update(event.reason for event in box.events if event.kind is REMOVE)
         deliveries = box.deliveries
         if deliveries:
             counts["delivered"] += len(deliveries)

@@ -87,6 +87,17 @@ class DeliveryBatch:
         self.size += len(payload)
         return len(self.recs) < BATCH_RECORDS and self.size < BATCH_BYTES
 
+    def add_all(self, recs: list[dict[str, Any]], payloads: list[bytes], size: int) -> bool:
+        """Add a whole burst (each rec with its `n`, `size` bytes of payload) when the
+        batch stays open after it, as `add` would leave it one by one; else add nothing
+        and return False (the caller adds one at a time, closing batches on the way)."""
+        if len(self.recs) + len(recs) >= BATCH_RECORDS or self.size + size >= BATCH_BYTES:
+            return False
+        self.recs.extend(recs)
+        self.payloads.extend(payloads)
+        self.size += size
+        return True
+
     def encode(self) -> bytes:
         return encode_frame(self.header, b"".join(self.payloads))
 
@@ -156,15 +167,28 @@ class QueueService:
         self._wake()
 
     def post_batched(
-        self, sub: QueueSubscriber, queue: str, entries: list[tuple[dict[str, Any], bytes]]
+        self,
+        sub: QueueSubscriber,
+        queue: str,
+        recs: list[dict[str, Any]],
+        payloads: list[bytes],
+        size: int,
     ) -> None:
-        """Any thread: a burst of deliveries (recs entry, payload) to a batched
-        subscription joins its open batch from `queue`, sent in order with the other
-        frames of the burst: one lock and one wake-up for the burst."""
+        """Any thread: a burst of deliveries (recs entries with their `n`, payloads of
+        `size` bytes in all) to a batched subscription joins its open batch from `queue`,
+        sent in order with the other frames of the burst: one lock and one wake-up for
+        the burst, and one list extend while the batch stays open."""
+        if not recs:  # every message of the burst failed: no frame
+            return
         key = (sub, queue)
         with self._outbox_lock:
             batch = self._open.get(key)
-            for rec, payload in entries:
+            if batch is None:
+                batch = self._open[key] = DeliveryBatch(sub.sub_id, queue)
+                self._outbox.append((sub.session, batch))
+            if batch.add_all(recs, payloads, size):
+                recs = payloads = []  # all in: nothing for the loop below
+            for rec, payload in zip(recs, payloads, strict=True):
                 if batch is None:
                     batch = self._open[key] = DeliveryBatch(sub.sub_id, queue)
                     self._outbox.append((sub.session, batch))
@@ -288,18 +312,23 @@ class QueueSubscriber:
     def deliver_burst(self, messages: list[QueueMessage]) -> None:
         """Engine threads, under the engine lock: a batched subscription's burst of
         messages from one queue (QueueEngine.subscribe with `burst`) to the event loop."""
-        entries = []
+        recs: list[dict[str, Any]] = []
+        payloads: list[bytes] = []
+        size = 0
         for message in messages:
             try:  # one message that can't be sent is its own failure, as one at a time
                 payload = wire_payload(message.codec, message.payload, message)  # type: ignore[arg-type]
             except Exception:
                 log.exception("queue %s: delivering to %s failed", message.queue, self.sub_id)
                 continue
-            rec: dict[str, Any] = {"bm": message.bookmark, "ts": message.timestamp}
-            if message.lease_ms is not None:
-                rec["lp"] = message.lease_ms
-            entries.append((rec, payload))
-        self._service.post_batched(self, messages[0].queue, entries)
+            n, lease = len(payload), message.lease_ms
+            size += n
+            if lease is None:
+                recs.append({"bm": message.bookmark, "ts": message.timestamp, "n": n})
+            else:
+                recs.append({"bm": message.bookmark, "ts": message.timestamp, "lp": lease, "n": n})
+            payloads.append(payload)
+        self._service.post_batched(self, messages[0].queue, recs, payloads, size)
 
     def deliver(self, message: QueueMessage) -> None:
         """Engine threads, under the engine lock: hand the message to the event loop."""

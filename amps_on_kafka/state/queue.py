@@ -29,6 +29,7 @@ from typing import Any
 from amps_on_kafka.state.queue_delivery import Delivering
 from amps_on_kafka.state.queue_removal import Removal
 from amps_on_kafka.state.queue_types import (
+    AVAILABLE,
     IN_QUEUE,
     TP,
     Early,
@@ -140,7 +141,11 @@ class QueueState(Delivering, Removal):
 
     def _admit(self, entry: QueueEntry) -> None:
         self.entries[entry.id] = entry
-        self._partitions.setdefault(entry.id[:2], deque()).append((entry.id[2], entry.ev_pos))  # type: ignore[arg-type]
+        tp = entry.id[:2]
+        order = self._partitions.get(tp)  # type: ignore[call-overload]
+        if order is None:  # not setdefault: it would make a deque for every message
+            order = self._partitions[tp] = deque()  # type: ignore[index]
+        order.append((entry.id[2], entry.ev_pos))
         depth = self.policy.target_depth
         if depth is not None and (self._active >= depth or self._waiting):
             entry.status = Status.WAITING
@@ -173,7 +178,7 @@ class QueueState(Delivering, Removal):
             self._make_available(entry)
 
     def _make_available(self, entry: QueueEntry) -> None:
-        entry.status = Status.AVAILABLE
+        entry.status = AVAILABLE
         self._ready.push(entry)
 
     # -- the events log -------------------------------------------------------------

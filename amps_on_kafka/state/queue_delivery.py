@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from amps_on_kafka.state.queue_types import (
+    AVAILABLE,
+    LEASED,
     Delivery,
     EventKind,
     QueueEntry,
@@ -75,18 +77,19 @@ class Delivering:
         """Deliver what can be delivered: each message, oldest (or highest priority) first,
         to the subscription the queue's fairness picks among those with room that want it."""
         open_subs = [s for s in self.subscriptions if s.has_room]
+        now = self.clock()  # one reading for the dispatch's leases
         sources = self._sources(open_subs)
         while open_subs:
             entry = pop_first(sources)
             if entry is None:
                 return
-            if entry.status is not Status.AVAILABLE:
+            if entry.status is not AVAILABLE:
                 continue  # removed while it waited to be delivered
             chosen = self._choose(entry, open_subs)
             if chosen is None:
                 self._park(entry)
                 continue
-            self._deliver(entry, chosen)
+            self._deliver(entry, chosen, now)
             if not chosen.has_room:
                 open_subs.remove(chosen)
                 sources = self._sources(open_subs)
@@ -140,8 +143,7 @@ class Delivering:
                 best = candidate
         return best
 
-    def _deliver(self, entry: QueueEntry, subscription: Subscription) -> None:
-        now = self.clock()
+    def _deliver(self, entry: QueueEntry, subscription: Subscription, now: int) -> None:
         entry.deliveries += 1
         entry.holder = subscription
         subscription.outstanding += 1
@@ -152,7 +154,7 @@ class Delivering:
             self.dirty[entry.id] = entry
             self._take(entry)
         else:
-            entry.status = Status.LEASED
+            entry.status = LEASED
             if self.policy.max_deliveries is not None:  # only MaxDeliveries reads the count
                 self.dirty[entry.id] = entry
                 self._record(EventKind.DELIVER, entry)

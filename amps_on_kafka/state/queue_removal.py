@@ -16,7 +16,12 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from amps_on_kafka.state.queue_types import (
+    ACK,
     IN_QUEUE,
+    LEASED,
+    REMOVE,
+    REMOVED,
+    WAITING,
     AckResult,
     Delivery,
     EventKind,
@@ -48,8 +53,8 @@ class Removal:
             entry = self.entries.get(message)
             if entry is None:
                 acked += self._ack_absent(message, session)
-            elif entry.status is Status.WAITING or self._may_act(entry, session):
-                self._remove(entry, Reason.ACK)
+            elif entry.status is WAITING or self._may_act(entry, session):
+                self._remove(entry, ACK)
                 acked += 1
             else:
                 refused.append(entry.bookmark)
@@ -71,7 +76,7 @@ class Removal:
     def _may_act(self, entry: QueueEntry, session: Hashable) -> bool:
         if self.policy.permissive:
             return True
-        return entry.status is Status.LEASED and entry.holder.session == session  # type: ignore[union-attr]
+        return entry.status is LEASED and entry.holder.session == session  # type: ignore[union-attr]
 
     def cancel(self, messages: Iterable[MessageId], session: Hashable) -> AckResult:
         """Return leased messages to the queue, counting toward MaxCancels (expired past it).
@@ -202,15 +207,15 @@ class Removal:
         self, entry: QueueEntry, reason: Reason, *, dead_letter: bool = False, record: bool = True
     ) -> None:
         status = entry.status
-        if status is Status.LEASED:
+        if status is LEASED:
             self._unlease(entry)
         if status in IN_QUEUE:
             self._active -= 1
-        entry.status = Status.REMOVED
+        entry.status = REMOVED
         del self.entries[entry.id]
         self.dirty[entry.id] = entry
         if record:
-            self.outbox.events.append(QueueEvent(EventKind.REMOVE, entry.id, reason=reason))
+            self.outbox.events.append(QueueEvent(REMOVE, entry.id, 0, 0, reason))
             if dead_letter:
                 self.outbox.dead_letters.append(entry)
         if entry is self._barrier:

@@ -36,6 +36,7 @@ from amps_on_kafka.state.queue_types import (
 )
 
 COLUMN_FAMILIES = ("entries", "early", "meta")
+GONE = (Status.REMOVED, Status.TAKEN)  # out of the queue: deleted from the store
 _SEQ = struct.Struct(">q")
 _LENGTH = struct.Struct(">I")
 _POSITIONS, _EVENTS, _NEXT_SEQ, _RECOVERY = b"positions", b"events", b"next_seq", b"recovery"
@@ -114,7 +115,7 @@ def _message_key(message: MessageId) -> bytes:
 
 def encode_events(events: list[QueueEvent]) -> bytes:
     """One record of the queue-events log: every event of one change, in order."""
-    return orjson.dumps([[e.kind, *e.id, e.deliveries, e.cancels, e.reason] for e in events])
+    return orjson.dumps([[kind, *id, d, c, reason] for kind, id, d, c, reason in events])
 
 
 def decode_events(raw: bytes) -> list[QueueEvent]:
@@ -191,7 +192,7 @@ class QueueStore:
         entries, early_cf, meta = (self._handles[n] for n in COLUMN_FAMILIES)
         batch = WriteBatch(raw_mode=True)
         for entry in changed.values():
-            if entry.status in (Status.REMOVED, Status.TAKEN):
+            if entry.status in GONE:
                 if entry.stored:
                     batch.delete(_SEQ.pack(entry.seq), entries)
             else:

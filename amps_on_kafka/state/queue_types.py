@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from amps_on_kafka.config import QueueConfig
 from amps_on_kafka.errors import MessageError
@@ -51,9 +51,18 @@ class EventKind(StrEnum):
     REMOVE = "remove"
 
 
-@dataclass(frozen=True, slots=True)
-class QueueEvent:
-    """One change of durable queue state. Counts are absolute, so replay is idempotent."""
+# The members an ack and a delivery read, as module names: reading Status.LEASED goes
+# through the enum's descriptor (~0.13 us), and each message read several.
+WAITING, AVAILABLE, LEASED = Status.WAITING, Status.AVAILABLE, Status.LEASED
+REMOVED = Status.REMOVED
+REMOVE, ACK = EventKind.REMOVE, Reason.ACK
+
+
+class QueueEvent(NamedTuple):
+    """One change of durable queue state. Counts are absolute, so replay is idempotent.
+
+    A named tuple, not a frozen dataclass: one is made for every message acked, and a
+    tuple made positionally costs a third of a frozen dataclass's __init__."""
 
     kind: EventKind
     id: MessageId

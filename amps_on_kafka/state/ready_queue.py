@@ -32,7 +32,11 @@ class ReadyQueue:
 
     def push(self, entry: QueueEntry) -> None:
         in_order = self._in_order
-        if not in_order or _order(in_order[-1]) < _order(entry):
+        if not in_order:
+            in_order.append(entry)
+            return
+        last = in_order[-1]  # _order(last) < _order(entry), without two tuples a message
+        if last.rank > entry.rank or (last.rank == entry.rank and last.seq < entry.seq):
             in_order.append(entry)
         else:
             heapq.heappush(self._others, (-entry.rank, entry.seq, entry))
@@ -42,7 +46,9 @@ class ReadyQueue:
         return self._others[0][:2] if self._others_first() else _order(self._in_order[0])
 
     def pop(self) -> QueueEntry:
-        return heapq.heappop(self._others)[2] if self._others_first() else self._in_order.popleft()
+        if self._others and self._others_first():
+            return heapq.heappop(self._others)[2]
+        return self._in_order.popleft()  # the common case: no call to _others_first
 
     def _others_first(self) -> bool:
         in_order, others = self._in_order, self._others
