@@ -20,7 +20,7 @@ from typing import Any, TypeVar, overload
 from amps_on_kafka.config import Config, SowConfig
 from amps_on_kafka.errors import FilterError, MessageError, PartitionsMoving, UnknownTopic
 from amps_on_kafka.expr import Expression, Filter, compile_expression
-from amps_on_kafka.expr.raw import raw_check
+from amps_on_kafka.expr.raw import RawCheck, raw_check
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.keys import key_from_values
 from amps_on_kafka.processor.collections import let_go
@@ -81,6 +81,20 @@ class Records(Sequence[SowRecord]):
 
     def _record(self, row: Row) -> SowRecord:
         return SowRecord(self.topic, *row, codec=self.codec)
+
+
+# a store, its RocksDB iterator on the next record, and scan_matching's next record from there
+RawScan = tuple[PartitionStore, Any, Callable[[], SowRecord | None]]
+
+
+@dataclass(frozen=True)
+class RawScans:
+    """A scan's stores as SowEngine.raw_scans gives them, the compiled check of its filter
+    (None: no filter) and the expiry clock it was taken at (ms; None: nothing expires)."""
+
+    stores: list[RawScan]
+    check: RawCheck | None
+    expired_by: int | None
 
 
 @dataclass
@@ -277,6 +291,22 @@ class SowEngine:
             owned = self._owned(topic)
             sources = [store.scan_matching(keep, expired_by, sure) for store in owned]
         return itertools.chain.from_iterable(sources)
+
+    def raw_scans(self, topic: str, filter: Filter | None) -> RawScans | None:
+        """stream() for code that reads the stored records itself (server/scans.py): each
+        store's raw_scan taken in one moment, as _scan takes them; None when a filter pins
+        a key or a store can't be read so."""
+        sow = self.sow_config(topic)
+        if filter is not None and filter.equalities(list(sow.key)) is not None:
+            return None
+        keep = None if filter is None else filter.matches
+        sure = None if filter is None else raw_check(filter, HEADER_SIZE)
+        with self.lock:
+            expired_by = self.clock() if self.rules[topic].expiring else None
+            scans = [(s, s.raw_scan(keep, expired_by, sure)) for s in self._owned(topic)]
+        if any(scan is None for _, scan in scans):
+            return None
+        return RawScans([(store, *scan) for store, scan in scans], sure, expired_by)  # type: ignore[misc]
 
     def _snapshot(
         self,

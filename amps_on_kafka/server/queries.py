@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.expr.keys import compile_key_filter
-from amps_on_kafka.processor.engine import QueryResult, Records
+from amps_on_kafka.processor.engine import QueryResult, Records, SowEngine
 from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.fanout import Boundary
 from amps_on_kafka.server.peers import parts_of
 from amps_on_kafka.server.replies import ack, group, sow_batch
 from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, count, options, text
+from amps_on_kafka.server.scans import compiled_writes
 from amps_on_kafka.server.subscriptions import SUBSCRIBE_OPTIONS, SowSubscription, subscription_id
 from amps_on_kafka.state.record import SowRecord
 
@@ -135,13 +136,12 @@ async def _send_streamed(session: Session, request: Request, query: Query) -> No
     half each); streamed, it is the longer of the two (docs/performance.md)."""
     gateway, header = session.gateway, request.header
     sent = 0
-    chunks: Iterator[list[SowRecord]] = iter(())
+    next_write: Callable[[], tuple[list[bytes], int]] = lambda: ([], 0)  # noqa: E731
 
     def first() -> tuple[list[bytes], int]:  # one trip to the pool for a small answer
-        nonlocal chunks
-        records = gateway.engine.stream(query.topic, query.filter)
-        chunks = batches(records, query.batch_size)
-        return _next_frames(header, query.topic, chunks)
+        nonlocal next_write
+        next_write = _stream_writes(gateway.engine, header, query)
+        return next_write()
 
     def read(work: Callable[..., tuple[list[bytes], int]], *args: Any) -> asyncio.Future:
         return asyncio.ensure_future(gateway.blocking(work, *args))
@@ -153,7 +153,7 @@ async def _send_streamed(session: Session, request: Request, query: Query) -> No
             while True:
                 written, count = await pending
                 if count >= STREAM_WRITE:  # maybe more: read on while this write goes out
-                    pending = read(_next_frames, header, query.topic, chunks)
+                    pending = read(next_write)
                 if written:
                     sent += count
                     yield written
@@ -163,6 +163,19 @@ async def _send_streamed(session: Session, request: Request, query: Query) -> No
             pending.cancel()
 
     await _send_answer(session, request, query, writes(), lambda: (sent, sent))
+
+
+def _stream_writes(
+    engine: SowEngine, header: dict[str, Any], query: Query
+) -> Callable[[], tuple[list[bytes], int]]:
+    """The writes of a streamed answer, one a call: made by the compiled core from the
+    stored records where it can (server/scans.py), else from the engine's stream."""
+    topic, filter, batch = query.topic, query.filter, query.batch_size
+    writes = compiled_writes(engine, header, topic, filter, batch, BATCH_BYTES, STREAM_WRITE)
+    if writes is not None:
+        return writes
+    chunks = batches(engine.stream(topic, filter), batch)
+    return lambda: _next_frames(header, topic, chunks)
 
 
 def _next_frames(

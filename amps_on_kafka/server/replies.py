@@ -53,12 +53,23 @@ def sow_batch(
     """Several `sow` records in one frame: `recs` describes each, payloads follow in order."""
     metas, payloads = [], []
     for record in records:
-        payload = record_payload(record)
-        meta = record_meta(record)
-        meta["n"] = len(payload)
+        meta, payload = record_entry(record)
         metas.append(meta)
         payloads.append(payload)
     return {"c": "sow", **ids(request), "t": topic, "recs": metas}, b"".join(payloads)
+
+
+def sow_prefix(request: dict[str, Any], topic: str) -> bytes:
+    """The JSON of sow_batch's header up to its first `recs` entry (`recs` comes last)."""
+    return orjson.dumps({"c": "sow", **ids(request), "t": topic})[:-1] + b',"recs":['
+
+
+def record_entry(record: SowRecord) -> tuple[dict[str, Any], bytes]:
+    """A record's entry in a batch frame's `recs` (`n`: its payload's length) and payload."""
+    payload = record_payload(record)
+    meta = record_meta(record)
+    meta["n"] = len(payload)
+    return meta, payload
 
 
 def record_meta(record: SowRecord) -> dict[str, Any]:
@@ -111,6 +122,11 @@ def log_payload(message: LogMessage) -> bytes:
 
 def wire_payload(codec: Codec | None, raw: bytes, holder: SowRecord | LogMessage) -> bytes:
     """Avro as JSON; a `bytes` or `fixed` field as {"base64": "..."} (docs/protocol.md)."""
-    if codec is None or codec.message_type != "avro":
+    if not converted(codec):
         return raw
     return orjson.dumps(holder.data, default=bytes_as_base64)
+
+
+def converted(codec: Codec | None) -> bool:
+    """Whether a record's wire payload is not its stored one (Avro's is JSON)."""
+    return codec is not None and codec.message_type == "avro"

@@ -277,6 +277,21 @@ class PartitionStore:
         sure = sure if decode is orjson.loads else None
         return self._walk_matching(iterator, keep, expired_by, sure)
 
+    def raw_scan(
+        self, keep: Callable[[Any], bool] | None, expired_by: int | None, sure: RawCheck | None
+    ) -> tuple[Any, Callable[[], SowRecord | None]] | None:
+        """scan_matching() for code that reads the stored records itself (the compiled
+        frames of a streamed scan, server/scans.py): the RocksDB iterator on the first
+        record, as of this call, and `left()`, scan_matching's next record from the
+        iterator's place on (None at the end), which leaves the iterator on the record it
+        returns. None when `keep` can't be answered on the stored bytes (no `sure`, or a
+        store of another codec than JSON)."""
+        if keep is not None and (sure is None or _decoder(self.codec) is not orjson.loads):
+            return None
+        iterator = self._sow.iter()
+        iterator.seek_to_first()
+        return iterator, lambda: next(self._walk_matching(iterator, keep, expired_by, sure), None)
+
     def _walk_matching(
         self,
         iterator: Any,

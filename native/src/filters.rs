@@ -350,7 +350,7 @@ impl<'de> Visitor<'de> for At<'_, '_, 'de> {
 /// each stored record: True or False as the Python filter answers on its decoded
 /// payload, None when not sure.
 #[pyclass(frozen, module = "amps_on_kafka_native")]
-struct RawFilter {
+pub(crate) struct RawFilter {
     plan: Plan,
     fields: Fields,
     slots: usize,
@@ -373,6 +373,13 @@ impl RawFilter {
     }
 
     fn __call__(&self, stored: &[u8]) -> Option<bool> {
+        self.check(stored)
+    }
+}
+
+impl RawFilter {
+    /// The answer on one stored record (scans.rs calls it without a Python call).
+    pub(crate) fn check(&self, stored: &[u8]) -> Option<bool> {
         let payload = std::str::from_utf8(stored.get(self.skip..)?).ok()?;
         let mut found: Vec<Field> = (0..self.slots).map(|_| Field::Null).collect();
         let mut parser = serde_json::Deserializer::from_str(payload);

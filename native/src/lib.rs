@@ -7,6 +7,7 @@ mod acks;
 mod filters;
 mod frames;
 mod records;
+mod scans;
 mod staging;
 
 use pyo3::prelude::*;
@@ -19,5 +20,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     records::register(m)?;
     filters::register(m)?;
     acks::register(m)?;
+    scans::register(m)?;
     Ok(())
 }
