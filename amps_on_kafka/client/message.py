@@ -11,13 +11,15 @@ pays for nothing else.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.codecs import not_json
 from amps_on_kafka.log.message import COMPLETED, Completed, LogMessage, Message
+from amps_on_kafka.native import core
 
 if TYPE_CHECKING:
     from amps_on_kafka.client.acks import AckBatcher
@@ -124,6 +126,34 @@ class GatewayMessage(Message):
     def matches(self) -> int | None:
         """For a stats ack, the records that matched; for sow_delete, the records deleted."""
         return self.meta.get("matches")
+
+
+class Batch(Protocol):
+    """The messages of a batch frame made by the compiled core, up to the first entry it
+    is not sure of: `read` entries taking `offset` bytes of the payload."""
+
+    read: int
+    offset: int
+
+    def __iter__(self) -> Iterator[GatewayMessage]: ...
+
+
+def _compiled_batches() -> Callable[[list[Any], bytes, tuple[Any, ...]], Batch] | None:
+    """The compiled maker of a batch frame's messages (native/src/batches.rs), given the
+    slots GatewayMessage's constructor fills: each record's entry and payload, the
+    frame's command, topic and sub_id, and what every message starts with; None without
+    the core (tcp_transport._records is its twin; tests/native/test_batches.py holds
+    the two alike)."""
+    if core is None:
+        return None
+    starts = [("acks", None), ("_data", _UNSET)]
+    builder = core.BatchBuilder(
+        GatewayMessage, "meta", "payload", ["command", "topic", "sub_id"], starts
+    )
+    return builder.build  # type: ignore[no-any-return]
+
+
+batch_messages = _compiled_batches()
 
 
 class DeleteAck(Message):

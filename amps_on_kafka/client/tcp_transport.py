@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from amps_on_kafka.client.acks import AckBatcher, check_ack_option
-from amps_on_kafka.client.message import DeleteAck, GatewayMessage
+from amps_on_kafka.client.message import DeleteAck, GatewayMessage, batch_messages
 from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
 from amps_on_kafka.client.tls import TlsOptions, TlsSocket
 from amps_on_kafka.errors import (
@@ -661,11 +661,17 @@ def _unpack(frame: Frame) -> Iterator[Item]:
 
 
 def _records(command: str, frame: Frame) -> Iterator[GatewayMessage]:
-    """A batch frame's messages: `recs` describes each record, payloads follow in order."""
+    """A batch frame's messages: `recs` describes each record, payloads follow in order.
+    The compiled builder (message.batch_messages) makes them where it is sure of the
+    entries; from the first it is not, this loop (its twin) goes on."""
     header, payload = frame.header, frame.payload
     topic, sub_id = header.get("t"), header.get("sub_id")
-    offset = 0
-    for meta in header.get("recs", ()):
+    recs, offset = header.get("recs", ()), 0
+    if batch_messages is not None and type(recs) is list and type(payload) is bytes:
+        built = batch_messages(recs, payload, (command, topic, sub_id))
+        yield from built
+        recs, offset = itertools.islice(recs, built.read, None), built.offset
+    for meta in recs:
         end = offset + meta["n"]
         yield GatewayMessage(command, topic, meta, payload[offset:end], sub_id)
         offset = end

@@ -4,6 +4,7 @@
 //! (`amps_on_kafka/native.py`). One Rust module per concern, each with a `register`
 //! that adds its functions to the Python module.
 mod acks;
+mod batches;
 mod filters;
 mod frames;
 mod records;
@@ -21,5 +22,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     filters::register(m)?;
     acks::register(m)?;
     scans::register(m)?;
+    batches::register(m)?;
     Ok(())
 }

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyType};
 
 /// A new instance of `cls` whose slots are all unset, as `object.__new__(cls)` makes it.
-fn allocate<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn allocate<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: PyType_GenericAlloc is the allocator of every class defined in Python (the
     // constructor checks `cls` is one); it zeroes the instance, so every slot is unset.
     unsafe {
@@ -25,7 +25,7 @@ fn allocate<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
 }
 
 /// TypeError unless `cls` is a class defined in Python with slots and no `__dict__`.
-fn check_layout(cls: &Bound<PyType>) -> PyResult<()> {
+pub(crate) fn check_layout(cls: &Bound<PyType>) -> PyResult<()> {
     if !allocated_as_python_classes(cls)?
         || cls
             .getattr(intern!(cls.py(), "__dictoffset__"))?
@@ -59,7 +59,7 @@ const HEAP_TYPE: u64 = 1 << 9;
 
 /// Where in an instance of `cls` the slot `name` is stored, found by storing a fresh
 /// object through `setattr` on a probe instance and finding that object's address.
-fn locate(cls: &Bound<PyType>, name: &str) -> PyResult<isize> {
+pub(crate) fn locate(cls: &Bound<PyType>, name: &str) -> PyResult<isize> {
     let py = cls.py();
     let size: isize = cls.getattr(intern!(py, "__basicsize__"))?.extract()?;
     let probe = allocate(cls)?;
@@ -88,7 +88,7 @@ fn locate(cls: &Bound<PyType>, name: &str) -> PyResult<isize> {
 ///
 /// SAFETY: `at` comes from `locate` for `object`'s class or a base whose slots it shares,
 /// and the slot is unset (the object was just allocated), so nothing is overwritten.
-unsafe fn put(object: &Bound<PyAny>, at: isize, value: &Bound<PyAny>) {
+pub(crate) unsafe fn put(object: &Bound<PyAny>, at: isize, value: &Bound<PyAny>) {
     let slot = (object.as_ptr() as *mut u8).offset(at) as *mut *mut ffi::PyObject;
     *slot = value.clone().into_ptr();
 }
