@@ -16,9 +16,8 @@
 use std::io::Write;
 
 use pyo3::exceptions::PyValueError;
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::filters::RawFilter;
 
@@ -174,14 +173,12 @@ impl SowFrames {
         limit: usize,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let py = iterator.py();
-        let (valid, value, key, next) = (
-            intern!(py, "valid"),
-            intern!(py, "value"),
-            intern!(py, "key"),
-            intern!(py, "next"),
-        );
-        while self.closed_records < limit && iterator.call_method0(valid)?.is_truthy()? {
-            let value = iterator.call_method0(value)?.cast_into::<PyBytes>()?;
+        // the bound methods, looked up once a call (not per record)
+        let [valid, value, key, next] = ["valid", "value", "key", "next"]
+            .map(|name| iterator.getattr(PyString::intern(py, name)));
+        let (valid, value, key, next) = (valid?, value?, key?, next?);
+        while self.closed_records < limit && valid.call0()?.is_truthy()? {
+            let value = value.call0()?.cast_into::<PyBytes>()?;
             let stored = value.as_bytes();
             if stored.len() < HEADER {
                 return Ok(Some(value));
@@ -200,7 +197,7 @@ impl SowFrames {
                 if deadline != NEVER {
                     return Ok(Some(value));
                 }
-                let name = iterator.call_method0(key)?.cast_into::<PyBytes>()?;
+                let name = key.call0()?.cast_into::<PyBytes>()?;
                 let Ok(name) = std::str::from_utf8(name.as_bytes()) else {
                     return Ok(Some(value));
                 };
@@ -217,7 +214,7 @@ impl SowFrames {
                 });
                 self.added(py, payload)?;
             }
-            iterator.call_method0(next)?;
+            next.call0()?;
         }
         Ok(None)
     }
