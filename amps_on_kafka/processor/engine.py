@@ -253,16 +253,26 @@ class SowEngine:
             let_go(dropped)
         return QueryResult(Records(topic, rules.codec, rows), matches)
 
-    def look_up(self, topic: str, filter: Filter) -> QueryResult | None:
-        """query() of a filter that pins every Key path (a few point gets: microseconds),
-        or None while the worker holds the lock: the gateway's event loop asks, and must
-        not wait out a batch being applied (it takes the pool's query() then)."""
+    def look_up(self, topic: str, filter: Filter, sow_keys: list[str]) -> QueryResult | None:
+        """query(topic, filter) of a filter that pins every Key path to `sow_keys` (the
+        caller found them: filter.equalities, key_from_values), or None while the worker
+        holds the lock: the gateway's event loop asks, and must not wait out a batch
+        being applied (it takes the pool's query() then).
+
+        The same point gets, expiry as of the same moment and filter check as query(),
+        without its general machinery (the stores sorted, the key pinned a second time,
+        rows and a Records for a record or two): that was two thirds of a look-up's CPU
+        on the gateway, and its tail (docs/performance.md)."""
         if not self.lock.acquire(blocking=False):
             return None
         try:
-            return self.query(topic, filter)
+            found = [r for store in self._owned(topic) for r in store.get_many(sow_keys)]
+            now = self.clock()
         finally:
             self.lock.release()
+        rules = self.rules[topic]
+        kept = [r for r in found if not rules.is_expired(r, now) and _matches(filter, r)]
+        return QueryResult(kept, len(kept))
 
     def stream(self, topic: str, filter: Filter | None = None) -> Iterator[SowRecord]:
         """query() without order_by, top_n or listener, one record at a time as the

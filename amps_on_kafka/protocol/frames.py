@@ -100,7 +100,12 @@ def split_frames(
 
 
 def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    encoded = orjson.dumps(header)
+    return frame_of(orjson.dumps(header), payload)
+
+
+def frame_of(encoded: bytes, payload: bytes = b"") -> bytes:
+    """A frame of a header encoded already: the gateway builds a key look-up's answer
+    from pieces of JSON encoded once (server/queries.py)."""
     return b"".join((_PREFIX.pack(4 + len(encoded) + len(payload), len(encoded)), encoded, payload))
 
 

@@ -13,11 +13,11 @@ from amps_on_kafka.server import queries
 from tests.server.helpers import WAIT, is_ack
 
 
-def publish_applied(client, topic: str, docs: list[dict]) -> None:
+def publish_applied(client, topic: str, docs: list[dict], expiration: float | None = None) -> None:
     """Publish and return once the worker has applied every document."""
     with client.subscribe(topic, timeout=WAIT) as applied:
         for doc in docs:
-            client.publish(topic, doc)
+            client.publish(topic, doc, expiration=expiration)
         client.publish_flush(WAIT)
         assert len(list(itertools.islice(applied, len(docs)))) == len(docs)
 
@@ -135,6 +135,59 @@ def test_a_key_look_up_on_the_loop_answers_as_the_pools_query_does(
     assert pool_trips.count >= 1
     assert fast == general
     assert fast[1]["matches"] == (1 if key < 5 else 0)
+
+
+def _whole_answer(wire, topic: str, filter: str) -> list:
+    """Every frame of a sow's answer, headers and payloads, with every ack and every key
+    a reply echoes asked for, in small batches."""
+    request = {"c": "sow", "cid": "q", "t": topic, "f": filter, "s": 12, "query_id": "w"}
+    wire.send({**request, "a": "processed,stats,completed", "bs": 1})
+    return [(f.header, f.payload) for f in wire.until(lambda f: is_ack(f, "completed"))]
+
+
+def _on_the_loop(pool_trips: PoolTrips, answer):
+    """`answer()` once it was answered with no pool trip (the worker holding the engine's
+    lock, applying a batch, sends a look-up to the pool; see the test below)."""
+    for _ in range(20):
+        pool_trips.count = 0
+        given = answer()
+        if pool_trips.count == 0:
+            return given
+    raise AssertionError("every look-up took the pool")
+
+
+@pytest.mark.parametrize("literal", ["3", "99", "'3'", "7", "'7'", "'x y'"])
+def test_every_frame_of_a_key_look_up_on_the_loop_is_the_pools(
+    served, client, wire, pool_trips, literal
+):
+    """The loop's answer (server/queries.py _answer_at_once) frame for frame as the
+    pool's, present and absent keys alike, and a literal of the other type than the
+    record's field: `'3'` against 3 and `7` against "7" pin the same SOW key, and the
+    filter decides whether the record matches, on either path."""
+    docs = [{"id": 3, "qty": 30}, {"id": "7", "qty": 70}, {"id": "x y", "qty": 1}]
+    publish_applied(client, served.topic, docs)
+    fast = _on_the_loop(pool_trips, lambda: _whole_answer(wire, served.topic, f"/id = {literal}"))
+    general = _whole_answer(wire, served.topic, f"/id IN ({literal})")
+    assert pool_trips.count >= 1
+    assert fast == general
+    assert [h["c"] for h, _ in fast][:2] == ["ack", "group_begin"]
+
+
+def test_a_key_look_up_on_the_loop_leaves_out_an_expired_record_as_the_pool_does(
+    served, client, wire, pool_trips, monkeypatch
+):
+    """A record past its deadline that the worker has not swept yet (the engine's clock
+    moved on, the worker's not) is no answer on the loop, as on the pool."""
+    publish_applied(client, served.topic, [{"id": 4, "qty": 40}], expiration=3600)
+    publish_applied(client, served.topic, [{"id": 5, "qty": 50}])
+    look_up = lambda key: _answer(wire, served.topic, f"/id = {key}")  # noqa: E731
+    assert _on_the_loop(pool_trips, lambda: look_up(4))[1]["matches"] == 1
+    later = served.worker.engine.clock() + 7_200_000
+    monkeypatch.setattr(served.worker.engine, "clock", lambda: later)
+    for key, matches in ((4, 0), (5, 1)):
+        fast = _on_the_loop(pool_trips, lambda key=key: look_up(key))
+        assert fast == _answer(wire, served.topic, f"/id IN ({key})")
+        assert fast[1]["matches"] == matches
 
 
 def test_a_key_look_up_while_the_worker_holds_the_engine_waits_on_the_pool(
