@@ -205,3 +205,18 @@ def test_a_frame_needs_a_batch_of_one_record_at_least() -> None:
 
     with pytest.raises(ValueError, match="a batch of at least one record"):
         core.SowFrames(b"{", 0, 1)  # type: ignore[union-attr]
+
+
+def test_the_extreme_numbers_and_odd_keys_are_written_as_orjson_writes_them(
+    engine: SowEngine,
+) -> None:
+    ends = [-(2**63), -1, 0, 9, 10, 2**63 - 1]
+    held = {
+        f'k"\\\x00\x1f\x7f\u2028é🙂{i}': (b'{"qty": 1}', offset, timestamp, NEVER)
+        for i, (offset, timestamp) in enumerate(zip(ends, reversed(ends), strict=True))
+    }
+    with holding(engine, [held]):
+        native = native_writes(engine, None, 4, 1 << 20, 10)
+        assert native is not None
+        assert native == python_writes(engine, None, 4, 10)
+    assert [count for _, count in native] == [len(held)]
