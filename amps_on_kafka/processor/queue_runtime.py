@@ -254,7 +254,6 @@ class QueueRuntime(Recovery, Recording):
                     raise KafkaException(error)
                 log.warning("queue %s: consumer error %s", self.name, error.str())
                 continue
-            self._read = True
             topic, partition, offset = record.topic(), record.partition(), record.offset()
             try:
                 headers = headers_of(record)
@@ -292,6 +291,8 @@ class QueueRuntime(Recovery, Recording):
                     expiration,  # type: ignore[arg-type]
                 )
             )
+        if entries:  # each record that is not an error is in it
+            self._read = True
         return entries
 
     def _flow_control(self) -> None:

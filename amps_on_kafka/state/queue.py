@@ -106,8 +106,10 @@ class QueueState(Delivering, Removal):
         if offset < self.positions.get(tp, 0):
             return False
         self.positions[tp] = offset + 1
-        floor = self._floor()
-        early = self._pop_early(entry.id)
+        floor, early = self.ev_next, None  # no acks came early: no call for either
+        if self._early:
+            floor = self._floor()
+            early = self._pop_early(entry.id)
         if early is not None:
             if early.removed:
                 return False
@@ -116,7 +118,10 @@ class QueueState(Delivering, Removal):
         self.next_seq += 1
         entry.ev_pos = floor
         policy = self.policy
-        entry.deadline = policy.deadline(entry.timestamp, entry.expiration)
+        if entry.expiration is None and policy.expiration_ms is None:
+            entry.deadline = None  # what deadline() says then, without the call
+        else:
+            entry.deadline = policy.deadline(entry.timestamp, entry.expiration)
         if policy.priority is not None:
             entry.rank = policy.rank(entry.data)
         if policy.barrier is not None:

@@ -139,7 +139,7 @@ class Delivering:
                 candidate.outstanding * best.max_backlog >= best.outstanding * candidate.max_backlog
             ):
                 continue
-            if candidate.wants(entry):
+            if candidate.filter is None or candidate.wants(entry):
                 best = candidate
         return best
 

@@ -221,9 +221,10 @@ class Removal:
         if entry is self._barrier:
             self._barrier = None
             self._release_held()
-        else:
+        elif self._barrier is not None:  # else _gone has nothing to do: no call
             self._gone(entry)
-        self._promote()
+        if self.policy.target_depth is not None:
+            self._promote()
 
     def _gone(self, entry: QueueEntry) -> None:
         """A message left the queue and every backlog: it no longer holds a barrier back."""

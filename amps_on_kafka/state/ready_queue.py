@@ -50,6 +50,13 @@ class ReadyQueue:
             return heapq.heappop(self._others)[2]
         return self._in_order.popleft()  # the common case: no call to _others_first
 
+    def take(self) -> QueueEntry | None:
+        """`pop`, or None when empty: the common case (all in order) in one call."""
+        if self._others:
+            return self.pop()
+        in_order = self._in_order
+        return in_order.popleft() if in_order else None
+
     def _others_first(self) -> bool:
         in_order, others = self._in_order, self._others
         return bool(others) and (not in_order or others[0][:2] < _order(in_order[0]))
@@ -72,6 +79,6 @@ def _order(entry: QueueEntry) -> tuple[int, int]:
 def pop_first(sources: list[ReadyQueue]) -> QueueEntry | None:
     """The first message in delivery order among `sources`; None when all are empty."""
     if len(sources) == 1:
-        return sources[0].pop() if sources[0] else None
+        return sources[0].take()
     first = min((s for s in sources if s), key=ReadyQueue.head, default=None)
     return None if first is None else first.pop()
