@@ -5,8 +5,9 @@ them into runs (`batches`) and encodes each run (`sow_batch`, `encode_frame`): a
 0.9 us of the gateway's CPU per record kept. Here `SowFrames` (native/src/scans.rs)
 reads each store's RocksDB iterator itself, asks the compiled filter directly and
 appends each kept record's `recs` entry and payload to the open frame; the frames are
-the Python path's, byte for byte (tests/native/test_scans.py). A record it is not sure
-of (the filter is not sure, an expiration, a key that is not UTF-8) it leaves to
+the Python path's, byte for byte (tests/native/test_scans.py). A record's expiration
+(`e`) is written by `_seconds` (orjson's float format is not Rust's). A record it is not
+sure of (the filter is not sure, a key that is not UTF-8) it leaves to
 `PartitionStore.raw_scan`'s `left`, scan_matching's own reading of it, and that record
 is added with its entry encoded here. Without the core, for an Avro store (whose wire
 payload is converted), or a filter the compiled check can't take: the Python path.
@@ -70,5 +71,10 @@ def compiled_writes(
     scans = engine.raw_scans(topic, filter)
     if scans is None or any(converted(store.codec) for store, _, _ in scans.stores):
         return None
-    frames = core.SowFrames(sow_prefix(request, topic), batch, batch_bytes)
+    frames = core.SowFrames(sow_prefix(request, topic), batch, batch_bytes, _seconds)
     return CompiledWrites(scans, frames, least)
+
+
+def _seconds(deadline: int, timestamp: int) -> bytes:
+    """A record's `e` as record_meta writes it: SowRecord.expiration, by orjson."""
+    return orjson.dumps((deadline - timestamp) / 1000)

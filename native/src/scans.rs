@@ -9,9 +9,10 @@
 //! entry and payload appended to the open frame's buffers. The frames are byte for byte
 //! those of `encode_frame(*sow_batch(...))` (held to them by tests/native/test_scans.py).
 //!
-//! A record this code is not sure of is handed back to Python, which decides it and adds
-//! it with `add` (its entry encoded by orjson): one the filter is not sure of, one with an
-//! expiration (orjson's float format is not Rust's), a key that is not UTF-8, a record
+//! A record's expiration (`e`, seconds as a float) is written by a Python function given
+//! to the constructor (orjson's float format is not Rust's). A record this code is not
+//! sure of is handed back to Python, which decides it and adds it with `add` (its entry
+//! encoded by orjson): one the filter is not sure of, a key that is not UTF-8, a record
 //! shorter than its header.
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -80,6 +81,8 @@ struct SowFrames {
     prefix: Vec<u8>,
     batch: usize,
     batch_bytes: usize,
+    /// `seconds(deadline, timestamp)`: the JSON of a record's `e`.
+    seconds: Py<PyAny>,
     /// The open frame's `recs` entries, comma-separated, and its payloads.
     entries: Vec<u8>,
     payloads: Vec<u8>,
@@ -145,7 +148,7 @@ impl SowFrames {
 #[pymethods]
 impl SowFrames {
     #[new]
-    fn new(prefix: &[u8], batch: usize, batch_bytes: usize) -> PyResult<Self> {
+    fn new(prefix: &[u8], batch: usize, batch_bytes: usize, seconds: Py<PyAny>) -> PyResult<Self> {
         if batch == 0 {
             return Err(PyValueError::new_err(
                 "SowFrames: a batch of at least one record",
@@ -155,6 +158,7 @@ impl SowFrames {
             prefix: prefix.to_vec(),
             batch,
             batch_bytes,
+            seconds,
             entries: Vec::new(),
             payloads: Vec::new(),
             open: 0,
@@ -211,9 +215,12 @@ impl SowFrames {
                 },
             };
             if kept {
-                if deadline != NEVER {
-                    return Ok(Some(value));
-                }
+                let seconds = if deadline == NEVER {
+                    None
+                } else {
+                    let seconds = self.seconds.bind(py).call1((deadline, int_at(stored, 8)))?;
+                    Some(seconds.cast_into::<PyBytes>()?)
+                };
                 let name = key.call0()?.cast_into::<PyBytes>()?;
                 let Ok(name) = std::str::from_utf8(name.as_bytes()) else {
                     return Ok(Some(value));
@@ -228,6 +235,10 @@ impl SowFrames {
                     push_int(out, offset);
                     out.extend_from_slice(b"|\",\"ts\":");
                     push_int(out, timestamp);
+                    if let Some(seconds) = seconds {
+                        out.extend_from_slice(b",\"e\":");
+                        out.extend_from_slice(seconds.as_bytes());
+                    }
                     out.extend_from_slice(b",\"n\":");
                     push_int(out, payload.len() as i64);
                     out.push(b'}');
