@@ -177,15 +177,38 @@ class LogPublisher:
         return sequence
 
     def _document_publisher(self) -> Callable[..., int]:
-        """`publish(topic, data, expiration=None, **kw)` in one Python frame for the
+        """`publish(topic, data, expiration=None, **kw)` with no Python frame for the
         common case — a dict published to a JSON topic whose SOW key (if any) is placed by
         the producer's own partitioner, with no expiration and no options — and through
         publish() for anything else (docs/performance.md: the call layers and per-record
-        objects of the general path cost as much as produce itself).
+        objects of the general path cost as much as produce itself). The compiled core's
+        DocumentPublisher (native/src/publish.rs) when it is loaded, else its twin."""
+        if core is None:
+            return self._document_twin()
+        return core.DocumentPublisher(  # type: ignore[no-any-return]
+            self.publish,
+            self._routes,
+            self._route,
+            check_topic,
+            orjson.dumps,
+            self._sequences,
+            self._publisher_header,
+            H_SEQUENCE,
+            H_SOW_KEY,
+            self._counts,
+            time.monotonic,
+            self._recheck_partition,
+            self._produce_call,
+            (BufferError, KafkaException),
+            self._produce,
+            self._delivered,
+            self._producer.poll,
+            POLL_EVERY,
+        )
 
-        It writes the record publish() would: the same headers, key, partition check and
-        delivery report.
-        """
+    def _document_twin(self) -> Callable[..., int]:
+        """publish_document in one Python frame: it writes the record publish() would,
+        with the same headers, key, partition check and delivery report."""
         general, routes, route_of = self.publish, self._routes, self._route
         produce, counts, monotonic = self._produce_call, self._counts, time.monotonic
         dumps, sequences, publisher = orjson.dumps, self._sequences, self._publisher_header
@@ -221,7 +244,7 @@ class LogPublisher:
                 if partitions:  # the count Kafka has, refreshed as _partition does
                     cached = counts.get(name)
                     if cached is None or cached[1] <= monotonic() or cached[0] != partitions:
-                        self._partition(self.spec(topic), key)  # refused if it changed
+                        self._recheck_partition(topic, key)  # refused if it changed
             try:
                 produce(name, value, key, headers=headers, on_delivery=delivery(sequence))
             except (BufferError, KafkaException):  # full, or refused: the general handling
@@ -280,6 +303,11 @@ class LogPublisher:
             return sequence
 
         return publish
+
+    def _recheck_partition(self, topic: str, key: str) -> None:
+        """The partition check of publish() for a keyed publish_document whose cached
+        partition count is missing, expired or changed: refused if Kafka's count changed."""
+        self._partition(self.spec(topic), key)
 
     def routed(self, topic: str) -> bool:
         """Whether publish_document and publish_encoded write `topic`'s publishes

@@ -7,6 +7,7 @@ mod acks;
 mod batches;
 mod filters;
 mod frames;
+mod publish;
 mod records;
 mod scans;
 mod staging;
@@ -23,5 +24,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     acks::register(m)?;
     scans::register(m)?;
     batches::register(m)?;
+    publish::register(m)?;
     Ok(())
 }
