@@ -108,6 +108,9 @@ class SowEngine:
         self, config: Config, rules: dict[str, SowRules], clock: Callable[[], int]
     ) -> None:
         self.config = config
+        # sow_config's answers (Config.sow_for's: the first of a topic), a look-up's two
+        # asks of it were a linear search each (the config is frozen)
+        self._sow = {sow.topic: sow for sow in reversed(config.sow)}
         self.rules = rules
         self.clock = clock
         self.lock = threading.RLock()
@@ -123,13 +126,13 @@ class SowEngine:
 
     # -- topics -----------------------------------------------------------------
     def sow_config(self, topic: str) -> SowConfig:
-        sow = self.config.sow_for(topic)
+        sow = self._sow.get(topic)
         if sow is None:
             raise UnknownTopic(f"{topic!r} is not a SOW topic of this worker")
         return sow
 
     def is_sow_topic(self, topic: str) -> bool:
-        return self.config.sow_for(topic) is not None
+        return topic in self._sow
 
     def partitions(self, topic: str) -> list[int]:
         """The partitions of a topic this worker owns now (others live on other workers)."""

@@ -44,8 +44,12 @@ STREAM_WRITE = 2000  # records a streamed answer reads ahead, and sends in one w
 KEY_FILTER = re.compile(r"\s*/[A-Za-z_][\w/]{0,100}\s*=\s*(?:-?\d{1,18}|'[^'\\]{0,200}')\s*")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Query:
+    """A query's header, checked. Not frozen, though nothing assigns its fields: a frozen
+    dataclass is built through object.__setattr__, a cost every key look-up paid (as
+    Request, server/requests.py)."""
+
     topic: str
     filter: Filter | None
     order_by: str | None
