@@ -40,7 +40,7 @@ from amps_on_kafka.log.controls import (
     parse_options,
     resume_bookmark,
 )
-from amps_on_kafka.log.message import COMPLETED, LogMessage, RecordMessage
+from amps_on_kafka.log.message import BATCH, COMPLETED, LogMessage, RecordMessage
 from amps_on_kafka.log.replay import Replay
 
 
@@ -154,7 +154,9 @@ class BookmarkSubscription:
         """The stream. It records its reader's thread and, closed from another thread,
         closes the feed on its own (close()). The gate is checked before each read, so a
         paused subscription reads nothing more and keeps its exact place (ticking while it
-        waits). One generator: each message passes through one frame here."""
+        waits). One generator: each message passes through one frame here. A replay's
+        batch (a BATCH: the feed of a subscription without a store) is read here message
+        by message; what a pause or close leaves of it, the replay yields next."""
         self._reader = threading.get_ident()
         gate = self.gate
         log = self._bookmarks.log if self._bookmarks is not None else None
@@ -168,6 +170,15 @@ class BookmarkSubscription:
                     return
                 self._fresh = False
                 for item in self.feed.items:
+                    if item.__class__ is BATCH:
+                        for message in item:
+                            message.sub_id = sub_id
+                            yield message
+                            if gate.paused or self._closed:
+                                break
+                        else:
+                            continue
+                        break
                     if item is TICK:
                         pass
                     elif item is COMPLETED:
@@ -247,7 +258,9 @@ class BookmarkSubscriptions:
             parse_bookmark(bookmark)  # InvalidBookmark here, alike on both transports
             predicate = compile_filter(filter).matches if filter else None
             if isinstance(transport, KafkaTransport):
-                feed = _kafka_feed(transport, topic, bookmark, predicate, parsed, until, timeout)
+                feed = _kafka_feed(
+                    transport, topic, bookmark, predicate, parsed, until, timeout, self.store
+                )
             else:
                 feed = _gateway_feed(
                     transport, topic, bookmark, filter, parsed, sub_id, until, timeout
@@ -353,12 +366,14 @@ def _kafka_feed(
     options: ReplayOptions,
     until: str | None,
     timeout: float | None,
+    store: BookmarkStore | None,
 ) -> _Feed:
     def open_replay(start: str, max_idle: float | None) -> Replay:
         return transport.bookmark_subscribe(topic, start, predicate, until, max_idle)
 
     # The replay ticks after each quiet poll (the stream's clock), and one bounded by
-    # `until` ends where it stops (Replay.ticking).
+    # `until` ends where it stops (Replay.ticking). Without a store to log each message
+    # in, its batches come whole (BookmarkSubscription._deliver).
     run = controlled(
         open_replay,
         bookmark,
@@ -366,6 +381,7 @@ def _kafka_feed(
         bounded=until is not None,
         idle_limit=timeout,
         heartbeat=TICK_INTERVAL,
+        batches=store is None,
     )
     return _Feed(
         run.items,

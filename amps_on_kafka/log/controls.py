@@ -404,6 +404,7 @@ def controlled(
     idle_limit: float | None,
     heartbeat: float | None = None,
     sleep: Callable[[float], object] = time.sleep,
+    batches: bool = False,
 ) -> Controlled:
     """Open a replay (`open_replay(bookmark, max_idle)`) and apply rate and conflation.
 
@@ -412,14 +413,16 @@ def controlled(
     `heartbeat` (a gateway's replay thread) the replay never ends and yields TICK after
     each quiet `heartbeat` seconds instead, which also wakes the conflator. `sleep` is
     how the rate limiter waits: a gateway passes its stop event's wait, so a slow rate
-    never holds a closed subscription's thread.
+    never holds a closed subscription's thread. `batches`: a replay with a heartbeat and
+    no rate or conflation hands its batches over whole (Replay.ticking).
     """
     source: Ticks | Replay
     ticks = None
     tick = max(MIN_TICK, options.conflation / 4) if options.conflation is not None else None
     if heartbeat is not None:
         source = replay = open_replay(bookmark, min(heartbeat, tick or heartbeat))
-        items: Iterator[Any] = replay.ticking()
+        plain = options.rate is None and options.conflation is None
+        items: Iterator[Any] = replay.ticking(batches=batches and plain)
     elif tick is not None and not bounded:
         source = ticks = Ticks(open_replay, bookmark, tick=tick, idle_limit=idle_limit)
         replay = ticks.replay

@@ -436,6 +436,9 @@ def _compiled_builder() -> Callable[[list[KafkaRecord], Codec], _BuiltOneByOne] 
 
 
 record_messages = _compiled_builder() or _BuiltOneByOne
+# What record_messages returns: a replay asked for batches hands a batch over as one of
+# these instead of message by message (Replay.ticking).
+BATCH = _BuiltOneByOne if core is None else core.Built
 
 if core is not None:  # the same getter without a Python frame (native/src/records.rs)
     LogMessage.data = core.LazyData(  # type: ignore[method-assign]

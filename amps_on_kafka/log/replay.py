@@ -128,13 +128,20 @@ class Replay:
     def __iter__(self) -> Iterator[LogMessage | Completed]:
         return self._items(ticking=False)  # type: ignore[return-value]  # yields no TICK
 
-    def ticking(self) -> Iterator[LogMessage | Completed | object]:
+    def ticking(self, batches: bool = False) -> Iterator[LogMessage | Completed | object]:
         """The replay followed until it is finished (for good without `until`), TICK
         after each quiet `max_idle` instead of ending, so a reader bounded by `until`
-        wakes too. One generator: no layer between the records and the reader."""
-        return self._items(ticking=True)
+        wakes too. One generator: no layer between the records and the reader.
 
-    def _items(self, ticking: bool) -> Iterator[LogMessage | Completed | object]:
+        With `batches`, a batch that needs no check per record comes as one iterator of
+        its messages (a `BATCH`) instead of message by message, which spares a generator
+        resumption a message. The reader takes what it wants from it before asking for
+        the next item; any messages it left come next, one by one."""
+        return self._items(ticking=True, batches=batches)
+
+    def _items(
+        self, ticking: bool, batches: bool = False
+    ) -> Iterator[LogMessage | Completed | object]:
         if not self._pending:
             yield COMPLETED
         if self._stop_finished_partitions():
@@ -162,8 +169,11 @@ class Replay:
                 # error, and the loop below goes on from that one.
                 if codec is not None:
                     built = record_messages(records, codec)
-                    yield from built
-                    records = records[built.read :]
+                    if batches:
+                        yield built
+                    else:
+                        yield from built
+                    records = records[built.read :]  # an error record, and what was left
                 for record in records:
                     if record.error():
                         _raise_consumer_error(record.error())

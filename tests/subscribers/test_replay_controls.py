@@ -199,6 +199,23 @@ def test_pause_keeps_the_place_and_resume_continues_from_it(client, filled):
     assert [m.data["n"] for m in box + rest] == list(range(5, 20))
 
 
+def test_a_loop_left_inside_a_batch_goes_on_from_the_next_message(client, filled):
+    """Without a bookmark store a replay hands its batches to the subscription whole
+    (Replay.ticking(batches=True)): a loop left inside one, a next(), and a loop again
+    read every message once, in order, each stamped with the subscription's sub_id."""
+    topic = filled(30)
+    with client.bookmark_subscribe(topic, "0", sub_id="reader") as stream:
+        read = []
+        for message in stream:
+            read.append(message)
+            if len(read) == 3:
+                break
+        read.append(next(stream))
+        read += until_completed(stream)
+    assert [m.data["n"] for m in read] == list(range(30))
+    assert {m.sub_id for m in read} == {"reader"}
+
+
 def test_subscriptions_resumed_together_share_one_replay_in_one_order(client, filled):
     """Seed 004: subscriptions paused at the same bookmark, at the same rate, resumed with
     the same command are delivered from the same replay, which preserves order across
