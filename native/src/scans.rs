@@ -198,8 +198,13 @@ impl SowFrames {
         let [valid, value, key, next] = ["valid", "value", "key", "next"]
             .map(|name| iterator.getattr(PyString::intern(py, name)));
         let (valid, value, key, next) = (valid?, value?, key?, next?);
-        while self.closed_records < limit && valid.call0()?.is_truthy()? {
-            let value = value.call0()?.cast_into::<PyBytes>()?;
+        while self.closed_records < limit {
+            // `value` is None where the iterator is not valid: one call a record, not two
+            let value = value.call0()?;
+            if value.is_none() && !valid.call0()?.is_truthy()? {
+                break;
+            }
+            let value = value.cast_into::<PyBytes>()?;
             let stored = value.as_bytes();
             if stored.len() < HEADER {
                 return Ok(Some(value));
