@@ -245,8 +245,8 @@ class LogPublisher:
                     cached = counts.get(name)
                     if cached is None or cached[1] <= monotonic() or cached[0] != partitions:
                         self._recheck_partition(topic, key)  # refused if it changed
-            try:
-                produce(name, value, key, headers=headers, on_delivery=delivery(sequence))
+            try:  # by position: partition -1, timestamp 0 are its defaults (keywords cost more)
+                produce(name, value, key, -1, delivery(sequence), None, 0, headers)
             except (BufferError, KafkaException):  # full, or refused: the general handling
                 self._produce(name, key, value, headers, sequence, None)
                 return sequence
@@ -296,8 +296,8 @@ class LogPublisher:
             headers = [publisher, (H_SEQUENCE, b"%d" % sequence)]
             if key is not None:
                 headers.append((H_SOW_KEY, key.encode()))
-            try:
-                produce(name, payload, key, headers=headers, on_delivery=on_delivery)
+            try:  # by position: partition -1, timestamp 0 are its defaults (keywords cost more)
+                produce(name, payload, key, -1, on_delivery, None, 0, headers)
             except (BufferError, KafkaException):
                 return None
             return sequence
