@@ -22,16 +22,14 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from amps_on_kafka.config import Config
 from amps_on_kafka.expr import Filter, compile_filter
-from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.server.queries import _next_frames, batches
 from amps_on_kafka.server.scans import compiled_writes
 from amps_on_kafka.state.record import NEVER, SowRecord
-from amps_on_kafka.state.sow import SowRules
 from amps_on_kafka.state.store import PartitionStore, StateBatch
 from tests.native.test_filters import documents, trees
+from tests.sow.engine_helpers import two_store_engine
 
 TOPIC = "scanned"
 NOW = 1_000_000  # the engine's clock, ms
@@ -61,22 +59,8 @@ filters = (
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SowEngine]:
     """An engine over two real stores (partitions 0 and 1), empty between tests."""
-    config = Config.model_validate(
-        {
-            "Topics": [{"Name": TOPIC}],
-            "SOW": [{"Topic": TOPIC, "Key": "/id", "Expiration": "enabled"}],
-        }
-    )
-    engine = SowEngine(config, {TOPIC: SowRules(config.sow[0], JSON)}, lambda: NOW)
-    stores = [
-        PartitionStore(tmp_path_factory.mktemp(f"p{p}") / "store", TOPIC, p, JSON) for p in (0, 1)
-    ]
-    for store in stores:
-        engine.attach(store)
-    yield engine
-    for store in stores:
-        engine.detach(TOPIC, store.partition)
-        store.close()
+    with two_store_engine(tmp_path_factory.mktemp, TOPIC, NOW) as engine:
+        yield engine
 
 
 @contextmanager

@@ -14,14 +14,12 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from amps_on_kafka.config import Config
 from amps_on_kafka.expr import compile_filter
-from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.processor import engine as engine_module
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.state.record import NEVER, SowRecord
-from amps_on_kafka.state.sow import SowRules
 from amps_on_kafka.state.store import PartitionStore, StateBatch
+from tests.sow.engine_helpers import two_store_engine
 
 TOPIC = "streamed"
 NOW = 1_000_000  # the engine's clock, ms
@@ -63,30 +61,19 @@ def deadline(i: int) -> int:
     return (NEVER, NOW - 1, NOW, NOW + 1)[i % 4]
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory) -> Iterator[SowEngine]:
-    config = Config.model_validate(
-        {
-            "Topics": [{"Name": TOPIC}],
-            "SOW": [{"Topic": TOPIC, "Key": "/id", "Expiration": "enabled"}],
-        }
-    )
-    engine = SowEngine(config, {TOPIC: SowRules(config.sow[0], JSON)}, lambda: NOW)
-    stores = [
-        PartitionStore(tmp_path_factory.mktemp(f"p{p}") / "store", TOPIC, p, JSON) for p in (0, 1)
-    ]
+def fill(stores: list[PartitionStore]) -> None:
     for i in range(RECORDS):
         store = stores[i % 2]
         batch = StateBatch(store)
         record = SowRecord(TOPIC, store.partition, str(i), payload(i), i, NOW - 10, deadline(i))
         batch.set(str(i), record)
         store.write(batch)
-    for store in stores:
-        engine.attach(store)
-    yield engine
-    for store in stores:
-        engine.detach(TOPIC, store.partition)
-        store.close()
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> Iterator[SowEngine]:
+    with two_store_engine(tmp_path_factory.mktemp, TOPIC, NOW, fill) as engine:
+        yield engine
 
 
 @pytest.mark.parametrize("text", FILTERS)
