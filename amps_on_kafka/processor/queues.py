@@ -474,8 +474,7 @@ def _message_ids(bookmarks: str | Iterable[str]) -> list[MessageId]:
     return _message_ids_twin(bookmarks)
 
 
-# A core built before native/src/acks.rs has no message_ids: the twin then, as without one.
-_compiled_ids = getattr(core, "message_ids", None)
+_compiled_ids = core.message_ids if core is not None else None
 
 
 def _message_ids_twin(bookmarks: str | Iterable[str]) -> list[MessageId]:

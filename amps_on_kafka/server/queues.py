@@ -182,20 +182,21 @@ class QueueService:
             return
         key = (sub, queue)
         with self._outbox_lock:
-            batch = self._open.get(key)
-            if batch is None:
-                batch = self._open[key] = DeliveryBatch(sub.sub_id, queue)
-                self._outbox.append((sub.session, batch))
-            if batch.add_all(recs, payloads, size):
-                recs = payloads = []  # all in: nothing for the loop below
-            for rec, payload in zip(recs, payloads, strict=True):
-                if batch is None:
-                    batch = self._open[key] = DeliveryBatch(sub.sub_id, queue)
-                    self._outbox.append((sub.session, batch))
-                if not batch.add(rec, payload):
-                    del self._open[key]
-                    batch = None
+            if not self._open_batch(key).add_all(recs, payloads, size):
+                for rec, payload in zip(recs, payloads, strict=True):
+                    if not self._open_batch(key).add(rec, payload):
+                        del self._open[key]  # full: the next message opens another
         self._wake()
+
+    def _open_batch(self, key: tuple[QueueSubscriber, str]) -> DeliveryBatch:
+        """Under the outbox lock: the open batch of (subscription, queue), or a new one
+        queued behind the frames already in the outbox."""
+        batch = self._open.get(key)
+        if batch is None:
+            sub, queue = key
+            batch = self._open[key] = DeliveryBatch(sub.sub_id, queue)
+            self._outbox.append((sub.session, batch))
+        return batch
 
     def defer_ack(self, command: AckCommand) -> None:
         """Event loop: an ack nobody waits for is applied with the others that arrive in
