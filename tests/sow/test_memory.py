@@ -32,12 +32,14 @@ def test_a_burst_of_large_records_leaves_no_resident_memory_behind(
         publisher.publish(topic, {"id": i % 50, "blob": blob})
     publisher.publish_flush(30)
     worker.wait_caught_up(topic, end_offsets(bootstrap, topic))
+    # Both wait for the worker's idle turn: in a long run the process may already sit
+    # below the allowance before the worker has trimmed at all.
     deadline = time.monotonic() + 10
-    while resident_bytes() > before + KEPT:  # type: ignore[operator]
+    while resident_bytes() > before + KEPT or worker.idle_trim.trims < 1:  # type: ignore[operator]
         grown = (resident_bytes() - before) // MIB  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{grown} MiB kept after the burst"
+        trims = worker.idle_trim.trims
+        assert time.monotonic() < deadline, f"{grown} MiB kept after the burst, {trims} trims"
         time.sleep(0.1)
-    assert worker.idle_trim.trims >= 1
 
 
 def test_the_idle_trim_follows_applied_records_and_waits_an_interval_unless_memory_grew(
