@@ -39,6 +39,7 @@ from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.envelope import Command, check_expiration
 from amps_on_kafka.log.message import COMPLETED, Completed
 from amps_on_kafka.log.publisher import FailedWrite
+from amps_on_kafka.protocol.frame_buffer import FrameBuffer, publish_frame
 from amps_on_kafka.protocol.frames import READ_SIZE, Frame, FrameDecoder, encode_frame
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ Item = GatewayMessage | Completed
 
 
 class Outbox:
-    """Frames for the socket, in order.
+    """Frames for the socket, in order, and the publish sequence numbers.
 
     A thread that finds the socket idle writes its frame itself: a lone command or batch
     of acks costs no thread switch. Frames put while a write is under way queue up and
@@ -67,80 +68,101 @@ class Outbox:
     publish, which nobody waits for, is `deferred`: always left to the writer thread,
     which sends it with every publish queued behind it by the time it runs (a system
     call per publish was half of a tcp:// publisher's time; docs/performance.md). A
-    publisher that outruns the gateway blocks once MAX_OUTBOX bytes wait, instead of
-    filling memory.
+    plain publish is numbered and queued by `publish` without this class's lock: only
+    the one that finds the buffer empty wakes the writer. A publisher that outruns the
+    gateway blocks once more than MAX_OUTBOX bytes wait (each blocked publisher's own
+    frame is queued already), instead of filling memory.
     """
 
     def __init__(self, sock: socket.socket, on_error: Callable[[str], None]) -> None:
         self._sock = sock
         self._on_error = on_error
-        self._frames: list[bytes] = []
-        self._bytes = 0
+        # publish sequence numbers: microseconds now, so they rise across restarts
+        self.buffer = FrameBuffer(time.time_ns() // 1000 + 1, publish_frame)
         self._writing = False  # some thread is in sendall
         self._closing = False
         self._failed = False
-        self._woken = False  # the writer thread was told of deferred frames
-        self._changed = threading.Condition()
+        self._changed = threading.Condition(threading.Lock())
         self._thread = threading.Thread(target=self._write, name="amps-tcp-writer", daemon=True)
         self._thread.start()
+
+    def publish(self, topic: str, payload: bytes) -> int | None:
+        """Number and queue a plain publish for the writer thread: its sequence number,
+        or None once the socket failed or the outbox closed."""
+        sequence, before = self.buffer.publish(topic, payload)
+        if 0 < before <= MAX_OUTBOX or self._queued(before):
+            return sequence
+        return None
 
     def put(self, frame: bytes, *, deferred: bool = False) -> bool:
         """Send or queue a frame; False once the socket failed or the outbox closed."""
         with self._changed:
-            while self._bytes > MAX_OUTBOX and not (self._failed or self._closing):
-                self._changed.wait()
-            if self._failed or self._closing:
+            self._wait_for_room()
+            before = self.buffer.append(frame)
+            if before < 0:
                 return False
-            self._frames.append(frame)
-            self._bytes += len(frame)
-            if self._writing:
-                return True  # the writer thread sends it after the write under way
-            if deferred:
-                if not self._woken:
-                    self._woken = True
-                    self._changed.notify_all()
+            if self._writing or deferred:
+                if before == 0:
+                    self._changed.notify_all()  # the writer sends it (after the write under way)
                 return True
-            frames = self._take()
-        return self._send(frames)
+            data = self._take()
+        return self._send(data)
 
     def close(self, timeout: float) -> None:
         """Send what is queued, then stop the writer."""
         with self._changed:
             self._closing = True
+            self.buffer.close()
             self._changed.notify_all()
         self._thread.join(timeout)
+
+    def _queued(self, before: int) -> bool:
+        """After a publish found the buffer empty (wake the writer), over MAX_OUTBOX
+        (wait for room) or closed (-1: False, not queued). A queued frame is sent unless
+        the socket fails (a closing outbox sends what it holds)."""
+        if before < 0:
+            return False
+        with self._changed:
+            if before == 0:
+                self._changed.notify_all()
+            else:
+                self._wait_for_room()
+            return not self._failed
+
+    def _wait_for_room(self) -> None:
+        """Under the lock: until at most MAX_OUTBOX bytes wait, or the outbox ended."""
+        while len(self.buffer) > MAX_OUTBOX and not (self._failed or self._closing):
+            self._changed.wait()
 
     def _write(self) -> None:
         while True:
             with self._changed:
-                while not (self._closing or self._frames) or self._writing:
+                while not (self._closing or len(self.buffer)) or self._writing:
                     self._changed.wait()
-                if not self._frames:
-                    return
-                frames = self._take()
-            if not self._send(frames):
+                data = self._take()
+            if not data or not self._send(data):
                 return
 
-    def _take(self) -> list[bytes]:
-        """Under the lock: the frames to write now; the caller becomes the writer."""
-        if self._bytes > MAX_OUTBOX:
+    def _take(self) -> bytes:
+        """Under the lock: the bytes to write now; the caller becomes the writer."""
+        if len(self.buffer) > MAX_OUTBOX:
             self._changed.notify_all()  # room again for blocked publishers
-        frames, self._frames, self._bytes = self._frames, [], 0
-        self._writing, self._woken = True, False
-        return frames
+        self._writing = True
+        return self.buffer.take()
 
-    def _send(self, frames: list[bytes]) -> bool:
+    def _send(self, data: bytes) -> bool:
         try:
-            self._sock.sendall(b"".join(frames))
+            self._sock.sendall(data)
         except OSError as exc:
             with self._changed:
                 self._failed, self._writing = True, False
+                self.buffer.close()
                 self._changed.notify_all()
             self._on_error(f"sending to the gateway failed: {exc}")
             return False
         with self._changed:
             self._writing = False
-            if self._frames or self._closing:
+            if len(self.buffer) or self._closing:
                 self._changed.notify_all()  # the writer thread takes what queued meanwhile
         return True
 
@@ -165,8 +187,6 @@ class TcpTransport:
         self._outbox = Outbox(self._sock, self._lose)
         self.acks = AckBatcher(self._send)  # message.ack() batches here (docs/queues.md)
         self._ids = itertools.count(1)
-        self._next_sequence = time.time_ns() // 1000 + 1  # rising across restarts
-        self._sequence_lock = threading.Lock()
         self._published = False
         self._commands: dict[str, queue.SimpleQueue] = {}
         self._subs: dict[str, queue.SimpleQueue] = {}
@@ -236,16 +256,16 @@ class TcpTransport:
         self, topic: str, data: Any, expiration: float | None = None, **kw: Any
     ) -> int:
         """Client.publish, which binds it on the client instance. A plain publish (a str
-        topic, no expiration, no options) is numbered, encoded and queued here, in one
-        Python frame, as publish() and _send would; anything else goes through them."""
+        topic, no expiration, no options) is encoded here and numbered and queued by the
+        outbox in one call (Outbox.publish), the frame publish() and _send would queue;
+        anything else goes through them."""
         if expiration is not None or kw or type(topic) is not str:
             return self.publish(topic, data, expiration, Command.PUBLISH, **kw)
-        sequence = self._reserve(1)
         payload = _payload(data)
         if self._lost is not None:
             raise self._lost
-        frame = encode_frame({"c": "publish", "t": topic, "s": sequence}, payload)
-        if not self._outbox.put(frame, deferred=True):
+        sequence = self._outbox.publish(topic, payload)
+        if sequence is None:
             raise self._lost or TransportError(f"{self.address}: the connection is closed")
         self._published = True
         return sequence
@@ -294,10 +314,7 @@ class TcpTransport:
 
     def _reserve(self, count: int) -> int:
         """The first of `count` consecutive sequence numbers, for this client alone."""
-        with self._sequence_lock:
-            first = self._next_sequence
-            self._next_sequence += count
-        return first
+        return self._outbox.buffer.reserve(count)
 
     def publish_flush(self, timeout: float | None) -> None:
         """Wait until the gateway persisted every publish; PublishError names what failed."""

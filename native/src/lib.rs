@@ -6,6 +6,7 @@
 mod acks;
 mod batches;
 mod filters;
+mod frame_buffer;
 mod frames;
 mod publish;
 mod records;
@@ -19,6 +20,7 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", 1)?;
     staging::register(m)?;
     frames::register(m)?;
+    frame_buffer::register(m)?;
     records::register(m)?;
     filters::register(m)?;
     acks::register(m)?;

@@ -78,7 +78,7 @@ def test_publishers_wait_while_the_peer_reads_nothing_and_queue_at_most_max_outb
         publisher.start()
     assert not finished[0].wait(0.5), "the frames fitted without the peer reading"
     assert not finished[1].is_set()
-    assert outbox._bytes <= tcp_transport.MAX_OUTBOX + len(frame)  # memory stays bounded
+    assert len(outbox.buffer) <= tcp_transport.MAX_OUTBOX + len(frame)  # memory stays bounded
     read_exactly(peer, 2 * frames * len(frame))  # reading lets every frame through
     assert all(done.wait(WAIT) for done in finished)
     for publisher in publishers:
