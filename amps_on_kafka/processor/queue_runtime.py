@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
@@ -32,6 +33,7 @@ from amps_on_kafka.log.envelope import (
     headers_of,
 )
 from amps_on_kafka.log.kafka import METADATA_TIMEOUT, consume_available
+from amps_on_kafka.native import core
 from amps_on_kafka.processor.collections import collections_paused
 from amps_on_kafka.processor.queue_events import EventsWriter
 from amps_on_kafka.processor.queue_recording import Done, Recording
@@ -245,55 +247,42 @@ class QueueRuntime(Recovery, Recording):
         """The messages read, and (partition, offset) of records that are not messages.
 
         Outside the engine lock: the state is not touched here."""
-        codecs = self._codecs
         entries: list[QueueEntry | tuple[TP, int]] = []
-        for record in records:
-            error = record.error()
-            if error is not None:
+        bad: list[MessageId] = []
+        at, end = 0, len(records)
+        while at < end:
+            at = read_records(records, at, self._codecs, entries, bad)
+            self._skip(bad)
+            if at < end:  # a record with an error
+                error = records[at].error()
                 if error.fatal():
                     raise KafkaException(error)
                 log.warning("queue %s: consumer error %s", self.name, error.str())
-                continue
-            topic, partition, offset = record.topic(), record.partition(), record.offset()
-            try:
-                headers = headers_of(record)
-            except EnvelopeError:
-                headers, expiration = None, _BAD_HEADER
-            else:
-                expiration = _message_expiration(headers)
-            if expiration is _NOT_A_MESSAGE or expiration is _BAD_HEADER:
-                if expiration is _BAD_HEADER:
-                    self.skipped += 1
-                    log.warning(
-                        "queue %s: %s|%s|%s| has a bad header: not a message",
-                        self.name,
-                        topic,
-                        partition,
-                        offset,
-                        extra={
-                            "event": "skipped",
-                            "queue": self.name,
-                            "topic": topic,
-                            "partition": partition,
-                            "offset": offset,
-                            "reason": "bad_header",
-                        },
-                    )
-                entries.append(((topic, partition), offset))
-                continue
-            entries.append(
-                QueueEntry(
-                    (topic, partition, offset),
-                    record.timestamp()[1],
-                    record.value() or b"",
-                    codecs[topic],
-                    headers,
-                    expiration,  # type: ignore[arg-type]
-                )
-            )
+                at += 1
         if entries:  # each record that is not an error is in it
             self._read = True
         return entries
+
+    def _skip(self, bad: list[MessageId]) -> None:
+        """Records whose header does not decode: not messages, counted and logged."""
+        for topic, partition, offset in bad:
+            self.skipped += 1
+            log.warning(
+                "queue %s: %s|%s|%s| has a bad header: not a message",
+                self.name,
+                topic,
+                partition,
+                offset,
+                extra={
+                    "event": "skipped",
+                    "queue": self.name,
+                    "topic": topic,
+                    "partition": partition,
+                    "offset": offset,
+                    "reason": "bad_header",
+                },
+            )
+        bad.clear()
 
     def _flow_control(self) -> None:
         """TargetQueueDepth: read no further while messages wait beyond the active part."""
@@ -360,3 +349,65 @@ def _message_expiration(headers: list[tuple[str, bytes]] | None) -> float | obje
         return None if expiration is None else check_expiration(float(expiration))
     except ValueError:  # MessageError is one too
         return _BAD_HEADER
+
+
+def _read_records_twin(
+    records: list[Message],
+    start: int,
+    codecs: dict[str, Codec],
+    entries: list[QueueEntry | tuple[TP, int]],
+    bad: list[MessageId],
+) -> int:
+    """read_records in Python (used without the compiled core)."""
+    for at in range(start, len(records)):
+        record = records[at]
+        if record.error() is not None:
+            return at
+        topic, partition, offset = record.topic(), record.partition(), record.offset()
+        try:
+            headers = headers_of(record)
+        except EnvelopeError:
+            headers, expiration = None, _BAD_HEADER
+        else:
+            expiration = _message_expiration(headers)
+        if expiration is _NOT_A_MESSAGE or expiration is _BAD_HEADER:
+            entries.append(((topic, partition), offset))
+            if expiration is _BAD_HEADER:
+                bad.append((topic, partition, offset))
+            continue
+        entries.append(
+            QueueEntry(
+                (topic, partition, offset),
+                record.timestamp()[1],
+                record.value() or b"",
+                codecs[topic],
+                headers,
+                expiration,  # type: ignore[arg-type]
+            )
+        )
+    return len(records)
+
+
+def _entry_defaults() -> list[tuple[str, Any]]:
+    """Every QueueEntry slot a record does not fill, with its default: what the compiled
+    reader writes into each entry it makes, as the dataclass's __init__ does."""
+    filled = {"id", "timestamp", "payload", "codec", "headers", "expiration"}
+    defaults = [(f.name, f.default) for f in fields(QueueEntry) if f.name not in filled]
+    missing = [name for name, default in defaults if default is MISSING]
+    if missing:
+        raise TypeError(f"QueueEntry fields {missing} have no default: read_records fills none")
+    return defaults
+
+
+# The records of a consumed batch from index `start` read into `entries` (a QueueEntry
+# per message, ((topic, partition), offset) per record that is not one) and the ids of
+# those whose header is bad into `bad`, up to the first record with an error: its index
+# is returned (len(records) when none). The compiled reader writes each entry's slots
+# directly (the twin: ~1.1 us a record on the queue's thread).
+read_records: Callable[..., int] = (
+    core.EntryReader(
+        QueueEntry, _entry_defaults(), _message_expiration, _NOT_A_MESSAGE, _BAD_HEADER
+    ).read
+    if core is not None
+    else _read_records_twin
+)

@@ -9,6 +9,8 @@ mod filters;
 mod frame_buffer;
 mod frames;
 mod publish;
+mod queue_entries;
+mod queue_store;
 mod records;
 mod scans;
 mod staging;
@@ -27,5 +29,7 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     scans::register(m)?;
     batches::register(m)?;
     publish::register(m)?;
+    queue_entries::register(m)?;
+    queue_store::register(m)?;
     Ok(())
 }

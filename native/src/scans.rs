@@ -32,7 +32,7 @@ fn int_at(stored: &[u8], at: usize) -> i64 {
 }
 
 /// `value`'s decimal digits (core::fmt's `write!` was a tenth of the read's time).
-fn push_int(out: &mut Vec<u8>, value: i64) {
+pub(crate) fn push_int(out: &mut Vec<u8>, value: i64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     let mut left = value.unsigned_abs();
@@ -52,7 +52,7 @@ fn push_int(out: &mut Vec<u8>, value: i64) {
 
 /// `text` as orjson writes a JSON string's contents: `"` and `\` escaped, control
 /// characters as their short escape or `\u00xx`, everything else as it is.
-fn escape_into(out: &mut Vec<u8>, text: &str) {
+pub(crate) fn escape_into(out: &mut Vec<u8>, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for &byte in text.as_bytes() {
         match byte {

@@ -1,0 +1,254 @@
+//! A queue checkpoint's entries (`amps_on_kafka/state/queue_store.py`, `put_entries`; its
+//! twin `_put_entries_twin`): each changed message encoded and put in the checkpoint's
+//! `WriteBatch`, or its stored copy deleted once it left the queue.
+//!
+//! Per entry the twin reads ten attributes, builds a list and a list of header pairs,
+//! encodes them with orjson, joins the length, the JSON and the payload, and packs the
+//! key: about 1 us of the queue's thread for each message that outlives a checkpoint
+//! (with a read-ahead of thousands, most). Here the JSON is written directly, byte for
+//! byte what orjson writes (held to it by tests/native/test_queue_store.py). An entry this
+//! code is not sure of (a field of another type, an integer beyond 64 bits, text that is
+//! not UTF-8) is left to the twin, which encodes it or raises as it always did.
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+
+use crate::scans::{escape_into, push_int};
+
+/// `NO_DEADLINE`: what the stored entry holds for a message that never expires.
+const NO_DEADLINE: i64 = -1;
+
+/// Puts a checkpoint's entries in its batch, leaving to the twin what it is not sure of.
+#[pyclass(frozen, module = "amps_on_kafka_native")]
+struct EntryWriter {
+    gone: Py<PyTuple>,
+    twin: Py<PyAny>,
+}
+
+#[pymethods]
+impl EntryWriter {
+    /// `gone`: the statuses of a message out of the queue (`GONE`); `twin`: the Python
+    /// function that puts a list of entries (`_put_entries_twin`).
+    #[new]
+    fn new(gone: Py<PyTuple>, twin: Py<PyAny>) -> Self {
+        Self { gone, twin }
+    }
+
+    /// For each entry: deleted from `column` of `batch` if it left the queue and was
+    /// stored, else put there encoded (and marked stored).
+    fn put(
+        &self,
+        batch: &Bound<PyAny>,
+        column: &Bound<PyAny>,
+        entries: &Bound<PyAny>,
+    ) -> PyResult<()> {
+        let py = batch.py();
+        let gone = self.gone.bind(py);
+        for entry in entries.try_iter()? {
+            let entry = entry?;
+            let status = entry.getattr(intern!(py, "status"))?;
+            let seq = entry.getattr(intern!(py, "seq"))?;
+            let key = match seq_key(&seq) {
+                Some(key) => key,
+                None => {
+                    self.twin.bind(py).call1((batch, column, [&entry]))?;
+                    continue;
+                }
+            };
+            if gone.contains(&status)? {
+                if entry.getattr(intern!(py, "stored"))?.is_truthy()? {
+                    batch.call_method1(intern!(py, "delete"), (key, column))?;
+                }
+            } else if let Some(value) = encoded(&entry)? {
+                batch.call_method1(intern!(py, "put"), (key, value, column))?;
+                entry.setattr(intern!(py, "stored"), true)?;
+            } else {
+                self.twin.bind(py).call1((batch, column, [&entry]))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `encode_entry(entry)` as the compiled core writes it, or None where it leaves the
+/// entry to the twin.
+#[pyfunction]
+fn encode_queue_entry<'py>(entry: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    encoded(entry)
+}
+
+fn encoded<'py>(entry: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let py = entry.py();
+    let payload = entry.getattr(intern!(py, "payload"))?;
+    let Ok(payload) = payload.cast_exact::<PyBytes>() else {
+        return Ok(None);
+    };
+    let mut meta = Vec::with_capacity(128);
+    if !write_meta(&mut meta, entry)? {
+        return Ok(None);
+    }
+    let Ok(length) = u32::try_from(meta.len()) else {
+        return Ok(None);
+    };
+    let payload = payload.as_bytes();
+    let value = PyBytes::new_with(py, 4 + meta.len() + payload.len(), |out| {
+        out[..4].copy_from_slice(&length.to_be_bytes());
+        out[4..4 + meta.len()].copy_from_slice(&meta);
+        out[4 + meta.len()..].copy_from_slice(payload);
+        Ok(())
+    })?;
+    Ok(Some(value))
+}
+
+/// The entry's JSON (`[topic, partition, offset, timestamp, deadline, rank, barrier,
+/// deliveries, cancels, ev_pos, [[name, value], ...]]`) into `out`; false when a field is
+/// not what this code writes.
+fn write_meta(out: &mut Vec<u8>, entry: &Bound<PyAny>) -> PyResult<bool> {
+    let py = entry.py();
+    let id = entry.getattr(intern!(py, "id"))?;
+    let Ok(id) = id.cast_exact::<PyTuple>() else {
+        return Ok(false);
+    };
+    if id.len() != 3 {
+        return Ok(false);
+    }
+    out.push(b'[');
+    if !write_text(out, &id.get_item(0)?) {
+        return Ok(false);
+    }
+    let deadline = entry.getattr(intern!(py, "deadline"))?;
+    let numbers = [
+        id.get_item(1)?,
+        id.get_item(2)?,
+        entry.getattr(intern!(py, "timestamp"))?,
+    ];
+    for number in &numbers {
+        out.push(b',');
+        if !write_int(out, number) {
+            return Ok(false);
+        }
+    }
+    out.push(b',');
+    if deadline.is_none() {
+        push_int(out, NO_DEADLINE);
+    } else if !write_int(out, &deadline) {
+        return Ok(false);
+    }
+    out.push(b',');
+    if !write_int(out, &entry.getattr(intern!(py, "rank"))?) {
+        return Ok(false);
+    }
+    let barrier = entry.getattr(intern!(py, "barrier"))?;
+    let Ok(barrier) = barrier.cast_exact::<PyBool>() else {
+        return Ok(false);
+    };
+    out.extend_from_slice(if barrier.is_true() {
+        b",true"
+    } else {
+        b",false"
+    });
+    for name in [
+        intern!(py, "deliveries"),
+        intern!(py, "cancels"),
+        intern!(py, "ev_pos"),
+    ] {
+        out.push(b',');
+        if !write_int(out, &entry.getattr(name)?) {
+            return Ok(false);
+        }
+    }
+    out.extend_from_slice(b",[");
+    if !write_headers(out, &entry.getattr(intern!(py, "headers"))?)? {
+        return Ok(false);
+    }
+    out.extend_from_slice(b"]]");
+    Ok(true)
+}
+
+/// `[name, value]` pairs, the value as latin-1 text or null; false unless `headers` is
+/// None or a list of (str, bytes or None) tuples.
+fn write_headers(out: &mut Vec<u8>, headers: &Bound<PyAny>) -> PyResult<bool> {
+    if headers.is_none() {
+        return Ok(true);
+    }
+    let Ok(headers) = headers.cast_exact::<PyList>() else {
+        return Ok(false);
+    };
+    for (at, header) in headers.iter().enumerate() {
+        let Ok(pair) = header.cast_exact::<PyTuple>() else {
+            return Ok(false);
+        };
+        if pair.len() != 2 {
+            return Ok(false);
+        }
+        if at > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        if !write_text(out, &pair.get_item(0)?) {
+            return Ok(false);
+        }
+        out.push(b',');
+        let value = pair.get_item(1)?;
+        if value.is_none() {
+            out.extend_from_slice(b"null");
+        } else if let Ok(value) = value.cast_exact::<PyBytes>() {
+            let text: String = value
+                .as_bytes()
+                .iter()
+                .map(|&byte| char::from(byte))
+                .collect();
+            out.push(b'"');
+            escape_into(out, &text);
+            out.push(b'"');
+        } else {
+            return Ok(false);
+        }
+        out.push(b']');
+    }
+    Ok(true)
+}
+
+/// A JSON string of `text`, if it is a str (exactly) of valid UTF-8.
+fn write_text(out: &mut Vec<u8>, text: &Bound<PyAny>) -> bool {
+    let Ok(text) = text.cast_exact::<PyString>() else {
+        return false;
+    };
+    let Ok(text) = text.to_str() else {
+        return false;
+    };
+    out.push(b'"');
+    escape_into(out, text);
+    out.push(b'"');
+    true
+}
+
+/// The digits of an int (exactly: not a bool) within orjson's range, 64 bits signed or
+/// unsigned.
+fn write_int(out: &mut Vec<u8>, number: &Bound<PyAny>) -> bool {
+    if !number.is_exact_instance_of::<PyInt>() {
+        return false;
+    }
+    if let Ok(n) = number.extract::<i64>() {
+        push_int(out, n);
+    } else if let Ok(n) = number.extract::<u64>() {
+        out.extend_from_slice(n.to_string().as_bytes());
+    } else {
+        return false;
+    }
+    true
+}
+
+/// A stored entry's key (`_SEQ`: big-endian signed 64 bits), if `seq` is an int that fits.
+fn seq_key<'py>(seq: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
+    if !seq.is_exact_instance_of::<PyInt>() {
+        return None;
+    }
+    let number = seq.extract::<i64>().ok()?;
+    Some(PyBytes::new(seq.py(), &number.to_be_bytes()))
+}
+
+pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
+    m.add_class::<EntryWriter>()?;
+    m.add_function(wrap_pyfunction!(encode_queue_entry, m)?)
+}

@@ -1,0 +1,128 @@
+"""The compiled checkpoint writer of a queue's entries (native/src/queue_store.rs) against
+its Python twin (state/queue_store.py `_put_entries_twin`, `encode_entry`).
+
+The compiled encoder must give encode_entry's bytes exactly, or leave the entry to the
+twin (None); the writer must leave a real RocksDB store holding the same keys and values,
+mark the same entries stored, and fail with the same error where the twin fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rocksdict import WriteBatch
+
+from amps_on_kafka.native import core
+from amps_on_kafka.state.queue_store import (
+    QueueStore,
+    _put_entries_twin,
+    decode_entry,
+    encode_entry,
+    put_entries,
+)
+from amps_on_kafka.state.queue_types import QueueEntry, Status
+
+TEXT = st.text(max_size=6) | st.sampled_from(['"\\/', "\x00\x1f\x7f", "é€😀", "\ud800"])
+INTS = (
+    st.integers(-(2**63), 2**64 - 1)
+    | st.sampled_from([-(2**63) - 1, 2**64, 2**70, True, 1.0])
+    | st.integers(0, 100)
+)
+VALUES = st.none() | st.binary(max_size=6) | st.sampled_from([bytearray(b"a"), "text"])
+HEADER = st.tuples(TEXT | st.sampled_from([b"c", 3]), VALUES) | st.just(("c",))
+HEADERS = st.none() | st.lists(HEADER, max_size=3) | st.sampled_from([(), (("p", b"x"),)])
+
+
+@st.composite
+def entries(draw) -> QueueEntry:
+    """Entries as the state machine makes them, and now and then a field of another type
+    or range, which the compiled encoder must leave to the twin."""
+    odd = draw(st.booleans())
+    ints = INTS if odd else st.integers(0, 2**42)
+    entry = QueueEntry(
+        (draw(TEXT if odd else st.sampled_from(["t", "orders.v1"])), draw(ints), draw(ints)),
+        draw(ints),
+        draw(st.binary(max_size=8) | st.just(bytearray(b"x")) if odd else st.binary(max_size=8)),
+        headers=draw(HEADERS if odd else st.none() | st.lists(st.tuples(TEXT, VALUES))),
+        seq=draw(st.integers(0, 2**40) | st.just(2**63) if odd else st.integers(0, 2**40)),
+        deadline=draw(st.none() | ints),
+        rank=draw(ints),
+        barrier=draw(st.booleans() | st.just(1) if odd else st.booleans()),
+        deliveries=draw(ints),
+        cancels=draw(ints),
+        ev_pos=draw(ints),
+        stored=draw(st.booleans()),
+        status=draw(st.sampled_from(list(Status))),
+    )
+    if odd and draw(st.integers(0, 9)) == 0:
+        entry.id = (entry.id[0], entry.id[1])  # type: ignore[assignment]
+    return entry
+
+
+def clone(entry: QueueEntry) -> QueueEntry:
+    return QueueEntry(**{name: getattr(entry, name) for name in QueueEntry.__dataclass_fields__})
+
+
+def outcome(call):
+    try:
+        return ("value", call())
+    except Exception as exc:  # every error, whatever its type, must match
+        return ("error", (type(exc), str(exc)))
+
+
+def test_the_compiled_writer_is_in_use():
+    assert put_entries != _put_entries_twin
+    assert type(put_entries.__self__) is core.EntryWriter
+
+
+@given(entries())
+def test_the_encoder_writes_encode_entrys_bytes_or_leaves_the_entry(entry):
+    ours = core.encode_queue_entry(entry)
+    if ours is not None:
+        assert ours == encode_entry(entry)
+
+
+@given(st.integers(0, 2**62), st.binary(max_size=4))
+def test_common_entries_are_always_encoded(offset, value):
+    """What the state machine makes is never left to the twin (else no gain)."""
+    common = QueueEntry(("t", 0, offset), 7, b"{}", headers=[("p", value)], seq=1)
+    assert core.encode_queue_entry(common) == encode_entry(common)
+    decoded = decode_entry(1, core.encode_queue_entry(common), lambda topic: None)
+    assert (decoded.id, decoded.headers, decoded.payload) == (common.id, common.headers, b"{}")
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> tuple[QueueStore, QueueStore]:
+    base: Path = tmp_path_factory.mktemp("queue-stores")
+    ours, twin = QueueStore(base / "ours"), QueueStore(base / "twin")
+    yield ours, twin
+    ours.close()
+    twin.close()
+
+
+def written(store: QueueStore, put, batch_of: list[QueueEntry]):
+    """What `put` leaves in a real store, the entries' stored flags, or its error; the
+    store's entries are emptied afterwards for the next example."""
+    column = store._handles["entries"]
+    batch = WriteBatch(raw_mode=True)
+    result = outcome(lambda: put(batch, column, batch_of))
+    store.commit(batch, 0)
+    kept = dict(store._families["entries"].items())
+    clear = WriteBatch(raw_mode=True)
+    for key in kept:
+        clear.delete(key, column)
+    store._db.write(clear)
+    return result, kept, [entry.stored for entry in batch_of]
+
+
+@given(st.lists(entries(), max_size=5), st.booleans())
+def test_the_writer_leaves_the_store_as_the_twin_does(stores, batch, stored_first):
+    ours, twin = stores
+    if stored_first:  # a delete of an entry not in the store
+        for entry in batch:
+            entry.stored = True
+    copies = [clone(entry) for entry in batch]
+    assert written(ours, put_entries, batch) == written(twin, _put_entries_twin, copies)
