@@ -92,7 +92,9 @@ def _put_entries_twin(batch: WriteBatch, column: object, entries: Iterable[Queue
 # compiled core writes encode_entry's bytes itself (~1 us of the queue thread a message
 # that outlives a checkpoint, in Python).
 put_entries: Callable[[WriteBatch, object, Iterable[QueueEntry]], None] = (
-    core.EntryWriter(GONE, _put_entries_twin).put if core is not None else _put_entries_twin
+    core.EntryWriter(QueueEntry, GONE, _put_entries_twin).put
+    if core is not None
+    else _put_entries_twin
 )
 
 

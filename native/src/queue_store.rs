@@ -11,27 +11,82 @@
 //! not UTF-8) is left to the twin, which encodes it or raises as it always did.
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple, PyType};
 
+use crate::records::{check_layout, locate, read};
 use crate::scans::{escape_into, push_int};
 
 /// `NO_DEADLINE`: what the stored entry holds for a message that never expires.
 const NO_DEADLINE: i64 = -1;
 
+/// The slots of QueueEntry the checkpoint reads, in the order `Fields` holds them.
+const SLOTS: [&str; 13] = [
+    "status",
+    "seq",
+    "stored",
+    "id",
+    "timestamp",
+    "deadline",
+    "rank",
+    "barrier",
+    "deliveries",
+    "cancels",
+    "ev_pos",
+    "headers",
+    "payload",
+];
+
+/// An entry's slots that a checkpoint reads (borrowed from the entry).
+struct Fields<'py>([Bound<'py, PyAny>; 13]);
+
+impl<'py> Fields<'py> {
+    fn get(&self, name: usize) -> &Bound<'py, PyAny> {
+        &self.0[name]
+    }
+}
+
+const STATUS: usize = 0;
+const SEQ: usize = 1;
+const STORED: usize = 2;
+const ID: usize = 3;
+const TIMESTAMP: usize = 4;
+const DEADLINE: usize = 5;
+const RANK: usize = 6;
+const BARRIER: usize = 7;
+const COUNTS: [usize; 3] = [8, 9, 10]; // deliveries, cancels, ev_pos
+const HEADERS: usize = 11;
+const PAYLOAD: usize = 12;
+
 /// Puts a checkpoint's entries in its batch, leaving to the twin what it is not sure of.
+/// An entry's slots are read where the class stores them (a `getattr` each was a fifth
+/// of the call).
 #[pyclass(frozen, module = "amps_on_kafka_native")]
 struct EntryWriter {
+    cls: Py<PyType>,
+    at: [isize; 13],
     gone: Py<PyTuple>,
     twin: Py<PyAny>,
 }
 
 #[pymethods]
 impl EntryWriter {
-    /// `gone`: the statuses of a message out of the queue (`GONE`); `twin`: the Python
-    /// function that puts a list of entries (`_put_entries_twin`).
+    /// `cls`: QueueEntry (slots, no `__dict__`); `gone`: the statuses of a message out
+    /// of the queue (`GONE`); `twin`: the Python function that puts a list of entries
+    /// (`_put_entries_twin`), given any entry that is not a QueueEntry exactly, has a
+    /// slot unset or a field this code does not write.
     #[new]
-    fn new(gone: Py<PyTuple>, twin: Py<PyAny>) -> Self {
-        Self { gone, twin }
+    fn new(cls: &Bound<PyType>, gone: Py<PyTuple>, twin: Py<PyAny>) -> PyResult<Self> {
+        check_layout(cls)?;
+        let mut at = [0; 13];
+        for (place, name) in at.iter_mut().zip(SLOTS) {
+            *place = locate(cls, name)?;
+        }
+        Ok(Self {
+            cls: cls.clone().unbind(),
+            at,
+            gone,
+            twin,
+        })
     }
 
     /// For each entry: deleted from `column` of `batch` if it left the queue and was
@@ -46,20 +101,18 @@ impl EntryWriter {
         let gone = self.gone.bind(py);
         for entry in entries.try_iter()? {
             let entry = entry?;
-            let status = entry.getattr(intern!(py, "status"))?;
-            let seq = entry.getattr(intern!(py, "seq"))?;
-            let key = match seq_key(&seq) {
-                Some(key) => key,
-                None => {
-                    self.twin.bind(py).call1((batch, column, [&entry]))?;
-                    continue;
-                }
+            let Some((fields, key)) = self.fields(&entry).and_then(|f| {
+                let key = seq_key(f.get(SEQ))?;
+                Some((f, key))
+            }) else {
+                self.twin.bind(py).call1((batch, column, [&entry]))?;
+                continue;
             };
-            if gone.contains(&status)? {
-                if entry.getattr(intern!(py, "stored"))?.is_truthy()? {
+            if gone.contains(fields.get(STATUS))? {
+                if fields.get(STORED).is_truthy()? {
                     batch.call_method1(intern!(py, "delete"), (key, column))?;
                 }
-            } else if let Some(value) = encoded(&entry)? {
+            } else if let Some(value) = encoded(&fields)? {
                 batch.call_method1(intern!(py, "put"), (key, value, column))?;
                 entry.setattr(intern!(py, "stored"), true)?;
             } else {
@@ -68,23 +121,45 @@ impl EntryWriter {
         }
         Ok(())
     }
+
+    /// `encode_entry(entry)` as this code writes it, or None where it leaves the entry
+    /// to the twin.
+    fn encode<'py>(&self, entry: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        match self.fields(entry) {
+            Some(fields) => encoded(&fields),
+            None => Ok(None),
+        }
+    }
 }
 
-/// `encode_entry(entry)` as the compiled core writes it, or None where it leaves the
-/// entry to the twin.
-#[pyfunction]
-fn encode_queue_entry<'py>(entry: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
-    encoded(entry)
+impl EntryWriter {
+    /// The entry's slots, if it is a QueueEntry (exactly) with all of them set.
+    fn fields<'py>(&self, entry: &Bound<'py, PyAny>) -> Option<Fields<'py>> {
+        let py = entry.py();
+        if !entry.get_type().is(self.cls.bind(py)) {
+            return None;
+        }
+        let mut values = Vec::with_capacity(13);
+        for &at in &self.at {
+            // SAFETY: `entry` is an instance of the class whose slots were located.
+            let value = unsafe { read(entry, at) };
+            if value.is_null() {
+                return None;
+            }
+            // SAFETY: a live object the slot holds a reference to.
+            values.push(unsafe { Bound::from_borrowed_ptr(py, value) });
+        }
+        values.try_into().ok().map(Fields)
+    }
 }
 
-fn encoded<'py>(entry: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
-    let py = entry.py();
-    let payload = entry.getattr(intern!(py, "payload"))?;
-    let Ok(payload) = payload.cast_exact::<PyBytes>() else {
+fn encoded<'py>(fields: &Fields<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let py = fields.get(PAYLOAD).py();
+    let Ok(payload) = fields.get(PAYLOAD).cast_exact::<PyBytes>() else {
         return Ok(None);
     };
     let mut meta = Vec::with_capacity(128);
-    if !write_meta(&mut meta, entry)? {
+    if !write_meta(&mut meta, fields)? {
         return Ok(None);
     }
     let Ok(length) = u32::try_from(meta.len()) else {
@@ -103,10 +178,8 @@ fn encoded<'py>(entry: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes
 /// The entry's JSON (`[topic, partition, offset, timestamp, deadline, rank, barrier,
 /// deliveries, cancels, ev_pos, [[name, value], ...]]`) into `out`; false when a field is
 /// not what this code writes.
-fn write_meta(out: &mut Vec<u8>, entry: &Bound<PyAny>) -> PyResult<bool> {
-    let py = entry.py();
-    let id = entry.getattr(intern!(py, "id"))?;
-    let Ok(id) = id.cast_exact::<PyTuple>() else {
+fn write_meta(out: &mut Vec<u8>, fields: &Fields) -> PyResult<bool> {
+    let Ok(id) = fields.get(ID).cast_exact::<PyTuple>() else {
         return Ok(false);
     };
     if id.len() != 3 {
@@ -116,30 +189,24 @@ fn write_meta(out: &mut Vec<u8>, entry: &Bound<PyAny>) -> PyResult<bool> {
     if !write_text(out, &id.get_item(0)?) {
         return Ok(false);
     }
-    let deadline = entry.getattr(intern!(py, "deadline"))?;
-    let numbers = [
-        id.get_item(1)?,
-        id.get_item(2)?,
-        entry.getattr(intern!(py, "timestamp"))?,
-    ];
-    for number in &numbers {
+    for number in [&id.get_item(1)?, &id.get_item(2)?, fields.get(TIMESTAMP)] {
         out.push(b',');
         if !write_int(out, number) {
             return Ok(false);
         }
     }
     out.push(b',');
+    let deadline = fields.get(DEADLINE);
     if deadline.is_none() {
         push_int(out, NO_DEADLINE);
-    } else if !write_int(out, &deadline) {
+    } else if !write_int(out, deadline) {
         return Ok(false);
     }
     out.push(b',');
-    if !write_int(out, &entry.getattr(intern!(py, "rank"))?) {
+    if !write_int(out, fields.get(RANK)) {
         return Ok(false);
     }
-    let barrier = entry.getattr(intern!(py, "barrier"))?;
-    let Ok(barrier) = barrier.cast_exact::<PyBool>() else {
+    let Ok(barrier) = fields.get(BARRIER).cast_exact::<PyBool>() else {
         return Ok(false);
     };
     out.extend_from_slice(if barrier.is_true() {
@@ -147,18 +214,14 @@ fn write_meta(out: &mut Vec<u8>, entry: &Bound<PyAny>) -> PyResult<bool> {
     } else {
         b",false"
     });
-    for name in [
-        intern!(py, "deliveries"),
-        intern!(py, "cancels"),
-        intern!(py, "ev_pos"),
-    ] {
+    for count in COUNTS {
         out.push(b',');
-        if !write_int(out, &entry.getattr(name)?) {
+        if !write_int(out, fields.get(count)) {
             return Ok(false);
         }
     }
     out.extend_from_slice(b",[");
-    if !write_headers(out, &entry.getattr(intern!(py, "headers"))?)? {
+    if !write_headers(out, fields.get(HEADERS))? {
         return Ok(false);
     }
     out.extend_from_slice(b"]]");
@@ -249,6 +312,5 @@ fn seq_key<'py>(seq: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
 }
 
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
-    m.add_class::<EntryWriter>()?;
-    m.add_function(wrap_pyfunction!(encode_queue_entry, m)?)
+    m.add_class::<EntryWriter>()
 }

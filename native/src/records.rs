@@ -313,7 +313,7 @@ impl LazyData {
 /// The object the slot at `at` of `object` holds (null when unset), not a new reference.
 ///
 /// SAFETY: `at` was located on `object`'s class or a base whose slots it shares.
-unsafe fn read(object: &Bound<PyAny>, at: isize) -> *mut ffi::PyObject {
+pub(crate) unsafe fn read(object: &Bound<PyAny>, at: isize) -> *mut ffi::PyObject {
     *((object.as_ptr() as *const u8).offset(at) as *const *mut ffi::PyObject)
 }
 
