@@ -8,11 +8,13 @@
 //! slots are written directly. Where
 //! `setattr` stores each slot is not guessed: it is found once, when the builder is made,
 //! by storing a marker through `setattr` on a probe instance and finding the marker.
+use std::ptr;
+
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyType};
+use pyo3::types::{PyBytes, PyList, PyString, PyType};
 
 /// A new instance of `cls` whose slots are all unset, as `object.__new__(cls)` makes it.
 pub(crate) fn allocate<'py>(cls: &Bound<'py, PyType>) -> PyResult<Bound<'py, PyAny>> {
@@ -148,33 +150,38 @@ impl RecordBuilder {
     /// iterator, so each message is made when it is asked for and freed when its reader
     /// drops it (a list of a batch's messages and their decoded payloads, alive at once,
     /// made the collector traverse them again and again).
-    fn build(slf: &Bound<Self>, records: &Bound<PyList>, codec: &Bound<PyAny>) -> Built {
-        Built {
+    fn build(slf: &Bound<Self>, records: &Bound<PyList>, codec: &Bound<PyAny>) -> PyResult<Built> {
+        let direct = match records.iter().next() {
+            Some(first) => Direct::of(&first)?,
+            None => None,
+        };
+        Ok(Built {
             builder: slf.clone().unbind(),
             records: records.clone().unbind(),
             codec: codec.clone().unbind(),
+            direct,
             read: 0,
             stopped: false,
-        }
+        })
     }
 }
 
 impl RecordBuilder {
-    /// The message over `record`, which is not an error.
+    /// The message over `record`, which is not an error, and its `value()`.
     fn message<'py>(
         &self,
         record: &Bound<'py, PyAny>,
+        value: &Bound<'py, PyAny>,
         codec: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = record.py();
-        let value = record.call_method0(intern!(py, "value"))?;
         let message = allocate(self.cls.bind(py))?;
         // SAFETY: the offsets were located on the class and `message` is a fresh instance.
         unsafe {
             for &at in &self.record_at {
                 put(&message, at, record);
             }
-            put(&message, self.value_at, &value);
+            put(&message, self.value_at, value);
             put(&message, self.codec_at, codec);
             for (at, fixed) in &self.fixed {
                 put(&message, *at, fixed.bind(py));
@@ -184,6 +191,74 @@ impl RecordBuilder {
     }
 }
 
+/// The C functions of a consumed record's `error()` and `value()` (confluent-kafka's
+/// `Message`), called directly for records of exactly that type. Called as Python calls
+/// a method (finding it on the type, a call through its descriptor), each took ~330
+/// instructions around a getter of ~10, two a record (docs/performance.md).
+struct Direct {
+    cls: Py<PyType>,
+    error: ffi::PyCFunction,
+    value: ffi::PyCFunction,
+}
+
+impl Direct {
+    /// The functions behind `record.error()` and `record.value()` when both are built-in
+    /// methods that take no argument, bound to the record itself, and its type keeps no
+    /// attributes per instance (no `__dict__` to hold another `value`); None otherwise,
+    /// and every record's methods are then called as Python calls them.
+    fn of(record: &Bound<PyAny>) -> PyResult<Option<Self>> {
+        let py = record.py();
+        let cls = record.get_type();
+        if cls
+            .getattr(intern!(py, "__dictoffset__"))?
+            .extract::<isize>()?
+            != 0
+        {
+            return Ok(None);
+        }
+        let error = no_args_function(record, intern!(py, "error"))?;
+        let value = no_args_function(record, intern!(py, "value"))?;
+        Ok(error.zip(value).map(|(error, value)| Self {
+            cls: cls.unbind(),
+            error,
+            value,
+        }))
+    }
+}
+
+/// The C function of `record.<name>` if it is a built-in method that takes no argument
+/// (`METH_NOARGS` alone) bound to `record`.
+fn no_args_function(
+    record: &Bound<PyAny>,
+    name: &Bound<PyString>,
+) -> PyResult<Option<ffi::PyCFunction>> {
+    let Ok(method) = record.getattr(name) else {
+        return Ok(None); // called as Python calls it, it fails there, as the twin's does
+    };
+    let method = method.as_ptr();
+    // SAFETY: reads of a live object; the function is only taken from a built-in method.
+    unsafe {
+        if ffi::PyCFunction_Check(method) == 0
+            || ffi::PyCFunction_GetSelf(method) != record.as_ptr()
+            || ffi::PyCFunction_GetFlags(method) != ffi::METH_NOARGS
+        {
+            return Ok(None);
+        }
+        Ok(ffi::PyCFunction_GetFunction(method))
+    }
+}
+
+/// `record.<method>()` through the method's C function, as CPython calls a `METH_NOARGS`
+/// function: the object and no argument.
+///
+/// SAFETY: `function` is a `METH_NOARGS` method of `record`'s exact type (`Direct`).
+unsafe fn call_no_args<'py>(
+    record: &Bound<'py, PyAny>,
+    function: ffi::PyCFunction,
+) -> PyResult<Bound<'py, PyAny>> {
+    Bound::from_owned_ptr_or_err(record.py(), function(record.as_ptr(), ptr::null_mut()))
+}
+
 /// The messages of a batch, made one at a time; `read` counts them, which is also the
 /// index of the record with an error that ended them early, if one did.
 #[pyclass(module = "amps_on_kafka_native")]
@@ -191,6 +266,7 @@ struct Built {
     builder: Py<RecordBuilder>,
     records: Py<PyList>,
     codec: Py<PyAny>,
+    direct: Option<Direct>,
     #[pyo3(get)]
     read: usize,
     stopped: bool,
@@ -208,11 +284,28 @@ impl Built {
             return Ok(None);
         }
         let record = records.get_item(self.read)?;
-        if !record.call_method0(intern!(py, "error"))?.is_none() {
+        let direct = self
+            .direct
+            .as_ref()
+            .filter(|direct| record.get_type().is(direct.cls.bind(py)));
+        // SAFETY: `direct` holds the functions of methods of `record`'s exact type.
+        let error = match direct {
+            Some(direct) => unsafe { call_no_args(&record, direct.error)? },
+            None => record.call_method0(intern!(py, "error"))?,
+        };
+        if !error.is_none() {
             self.stopped = true;
             return Ok(None);
         }
-        let message = self.builder.get().message(&record, self.codec.bind(py))?;
+        // SAFETY: as above.
+        let value = match direct {
+            Some(direct) => unsafe { call_no_args(&record, direct.value)? },
+            None => record.call_method0(intern!(py, "value"))?,
+        };
+        let message = self
+            .builder
+            .get()
+            .message(&record, &value, self.codec.bind(py))?;
         self.read += 1;
         Ok(Some(message))
     }
@@ -232,6 +325,10 @@ struct LazyData {
     unset: Py<PyAny>,
     json: Py<PyAny>,
     loads: Py<PyAny>,
+    /// `loads`' C function and the object it is bound to when it is a built-in function
+    /// of one argument (orjson's is): called directly, without the 1-tuple a call
+    /// through the C API builds (~200 instructions a message).
+    loads_direct: Option<(ffi::PyCFunction, Option<Py<PyAny>>)>,
     #[pyo3(get)]
     getter: Py<PyAny>,
 }
@@ -254,6 +351,7 @@ impl LazyData {
         getter: Py<PyAny>,
     ) -> PyResult<Self> {
         check_layout(cls)?;
+        let loads_direct = one_arg_function(loads.bind(cls.py()));
         Ok(Self {
             cls: cls.clone().unbind(),
             data_at: locate(cls, data_slot)?,
@@ -262,6 +360,7 @@ impl LazyData {
             unset,
             json,
             loads,
+            loads_direct,
             getter,
         })
     }
@@ -276,7 +375,13 @@ impl LazyData {
         let Some(message) = message else {
             return Ok(slf.clone().into_any()); // read on the class
         };
-        if !message.is_instance(this.cls.bind(py))? {
+        // Its type, not what `__class__` says (isinstance's answer): the slots are read
+        // where they are laid out in instances of that type.
+        // SAFETY: both are live type objects.
+        if unsafe {
+            ffi::PyType_IsSubtype(ffi::Py_TYPE(message.as_ptr()), this.cls.as_ptr().cast())
+        } == 0
+        {
             return this.getter.bind(py).call1((message,));
         }
         // SAFETY: `message` is an instance of the class whose slots were located.
@@ -299,7 +404,16 @@ impl LazyData {
         if !raw.is_instance_of::<PyBytes>() {
             return this.getter.bind(py).call1((message,));
         }
-        match this.loads.bind(py).call1((raw,)) {
+        let decoded = match &this.loads_direct {
+            // SAFETY: a METH_O function, called as CPython calls one: its bound object
+            // (null for none) and the one argument.
+            Some((loads, bound)) => unsafe {
+                let bound = bound.as_ref().map_or(ptr::null_mut(), |b| b.as_ptr());
+                Bound::from_owned_ptr_or_err(py, loads(bound, raw.as_ptr()))
+            },
+            None => this.loads.bind(py).call1((raw,)),
+        };
+        match decoded {
             Ok(decoded) => {
                 // SAFETY: the slot holds `unset` (checked above), released here.
                 unsafe { replace(message, this.data_at, &decoded) };
@@ -307,6 +421,24 @@ impl LazyData {
             }
             Err(_) => this.getter.bind(py).call1((message,)),
         }
+    }
+}
+
+/// The C function of `function` and the object it is bound to, if it is a built-in
+/// function of one argument (`METH_O` alone).
+fn one_arg_function(function: &Bound<PyAny>) -> Option<(ffi::PyCFunction, Option<Py<PyAny>>)> {
+    let py = function.py();
+    let function = function.as_ptr();
+    // SAFETY: reads of a live object; the function is only taken from a built-in one.
+    unsafe {
+        if ffi::PyCFunction_Check(function) == 0
+            || ffi::PyCFunction_GetFlags(function) != ffi::METH_O
+        {
+            return None;
+        }
+        let bound = ffi::PyCFunction_GetSelf(function);
+        let bound = (!bound.is_null()).then(|| Py::from_borrowed_ptr(py, bound));
+        Some((ffi::PyCFunction_GetFunction(function)?, bound))
     }
 }
 
