@@ -77,3 +77,50 @@ def _shape(steps: tuple[str, ...], kind: type) -> tuple[FunctionType, str] | Non
     if len(names) != 1 or "_exact" in run.__globals__:
         return None
     return run, names[0]  # type: ignore[return-value]
+
+
+class KeyEquality:
+    """A `/path = literal` text as a key look-up on the gateway's event loop takes it
+    (server/queries.py): the SOW key it pins and a `matches` of the compiled filter's
+    answers, with no Filter built for the common record.
+
+    Building the Filter (the match, its tree, the shape's function given the literal),
+    then asking its tree which keys it pins, was ~10 us of a look-up's ~45 in-process
+    (docs/performance.md). A record whose field holds a value of the literal's own type
+    (an int for a number, a str for a text) is decided by `==`, the generated code's own
+    first branch for it; any other value (a number in a text, a float, a list to lift
+    over, no field) by the compiled filter, built then. tests/expr/test_keys.py holds
+    `key` and `matches` to compile_filter's `equalities` and `matches`."""
+
+    __slots__ = ("literal", "path", "steps", "text")
+
+    def __init__(self, text: str, path: str, literal: int | str) -> None:
+        self.text = text
+        self.path = path  # as a Key path is written: `/a/b`
+        self.steps = path[1:].split("/")
+        self.literal = literal
+
+    @classmethod
+    def of(cls, text: object) -> KeyEquality | None:
+        """The text's equality, or None for a text of any other shape (key_equality's)."""
+        match = _KEY_EQUALITY.fullmatch(text) if type(text) is str else None
+        if match is None:
+            return None
+        number = match["number"]
+        literal = int(number) if number is not None else match["text"]
+        return cls(text, match["path"], literal)  # type: ignore[arg-type]
+
+    @property
+    def key(self) -> str:
+        """The SOW key the text pins on its path: key_from_values of its equalities."""
+        literal = self.literal
+        return literal if type(literal) is str else str(literal)
+
+    def matches(self, data: object) -> bool:
+        """compile_filter(self.text).matches(data)."""
+        value = data
+        for step in self.steps:
+            value = value.get(step) if type(value) is dict else None
+        if type(value) is type(self.literal):
+            return value == self.literal
+        return compile_key_filter(self.text).matches(data)  # type: ignore[union-attr]

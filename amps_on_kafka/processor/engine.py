@@ -20,6 +20,7 @@ from typing import Any, TypeVar, overload
 from amps_on_kafka.config import Config, SowConfig
 from amps_on_kafka.errors import FilterError, MessageError, PartitionsMoving, UnknownTopic
 from amps_on_kafka.expr import Expression, Filter, compile_expression
+from amps_on_kafka.expr.keys import KeyEquality
 from amps_on_kafka.expr.raw import RawCheck, raw_check
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.log.keys import key_from_values
@@ -256,9 +257,12 @@ class SowEngine:
             let_go(dropped)
         return QueryResult(Records(topic, rules.codec, rows), matches)
 
-    def look_up(self, topic: str, filter: Filter, sow_keys: list[str]) -> QueryResult | None:
+    def look_up(
+        self, topic: str, filter: Filter | KeyEquality, sow_keys: list[str]
+    ) -> QueryResult | None:
         """query(topic, filter) of a filter that pins every Key path to `sow_keys` (the
-        caller found them: filter.equalities, key_from_values), or None while the worker
+        caller found them: filter.equalities and key_from_values, or a KeyEquality's key;
+        `filter` is only asked `matches`), or None while the worker
         holds the lock: the gateway's event loop asks, and must not wait out a batch
         being applied (it takes the pool's query() then).
 
@@ -396,7 +400,7 @@ def _row(record: SowRecord) -> Row:
     )
 
 
-def _matches(filter: Filter, record: SowRecord) -> bool:
+def _matches(filter: Filter | KeyEquality, record: SowRecord) -> bool:
     try:
         return filter.matches(record.data)
     except MessageError:  # a payload that no longer decodes can't match

@@ -13,7 +13,6 @@ payload), `group_end`, then the `stats` and `completed` acks if asked for.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -22,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from amps_on_kafka.expr import Filter
-from amps_on_kafka.expr.keys import compile_key_filter
+from amps_on_kafka.expr.keys import KeyEquality
 from amps_on_kafka.log.keys import key_from_values
 from amps_on_kafka.processor.engine import QueryResult, Records, SowEngine
 from amps_on_kafka.protocol.frames import encode_frame, frame_of
 from amps_on_kafka.server.fanout import Boundary
-from amps_on_kafka.server.peers import parts_of
+from amps_on_kafka.server.peers import PARTS, parts_of
 from amps_on_kafka.server.replies import ack, group, ids, sow_batch
 from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, count, options, text
 from amps_on_kafka.server.scans import compiled_writes
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH = 100
 BATCH_BYTES = 1024 * 1024
 STREAM_WRITE = 2000  # records a streamed answer reads ahead, and sends in one write, at most
-# `/path = 42` or `/path = 'text'`: a filter this small is parsed on the event loop
-KEY_FILTER = re.compile(r"\s*/[A-Za-z_][\w/]{0,100}\s*=\s*(?:-?\d{1,18}|'[^'\\]{0,200}')\s*")
 
 
 @dataclass(slots=True)
@@ -58,13 +55,12 @@ class Query:
     parts: list[int] | None = None  # a peer's part of a query (server/peers.py)
 
     @classmethod
-    def parse(cls, session: Session, header: dict, compiled: Filter | None = None) -> Query:
-        """`compiled`: the header's `f`, compiled already (a key look-up's)."""
+    def parse(cls, session: Session, header: dict) -> Query:
         topic = text(header, "t", required=True)
         session.gateway.engine.sow_config(topic)  # UnknownTopic before any work
         return cls(
             topic=topic,  # type: ignore[arg-type]
-            filter=compiled if compiled is not None else content_filter(header),
+            filter=content_filter(header),
             order_by=text(header, "orderby"),
             top_n=count(header, "top_n"),
             batch_size=count(header, "bs", default=DEFAULT_BATCH, limit=MAX_BATCH) or 1,  # type: ignore[arg-type]
@@ -85,26 +81,40 @@ async def parse_query(session: Session, header: dict) -> Query:
 
 async def sow(session: Session, request: Request) -> None:
     started = time.perf_counter()
-    header = request.header
-    query = _short_query(session, header) or await parse_query(session, header)
-    result = _looked_up(session, query)
-    if result is None:
-        session.spawn(_sow(session, request, query, started), request)
-        return
-    session.send_encoded(*_answer_at_once(request, query, result))
+    answer = _key_answer(session, request)
+    if answer is None:
+        query = await parse_query(session, request.header)
+        result = _looked_up(session, query)
+        if result is None:
+            session.spawn(_sow(session, request, query, started), request)
+            return
+        answer = _answer_at_once(request, query.topic, query.batch_size, result)
+    session.send_encoded(*answer)
     session.gateway.stats.query_latency.observe(time.perf_counter() - started)
 
 
-def _short_query(session: Session, header: dict) -> Query | None:
-    """Query.parse on the event loop for a filter of the form `/path = literal` (bounded
-    by KEY_FILTER), or None: a longer filter goes to the pool. The common shape (ASCII
-    names, a whole number or a plain text) is built without the parser (expr/keys.py:
-    ~12 us of Python where parsing took ~100 at load 5). An entitlement filter ANDed in
-    (Session._restrict) makes the text longer than this."""
-    text = header.get("f")
-    if not isinstance(text, str) or KEY_FILTER.fullmatch(text) is None:
+# a query with any of these takes the general path (Query.parse checks them)
+GENERAL_KEYS = frozenset({"orderby", "top_n", PARTS})
+
+
+def _key_answer(session: Session, request: Request) -> tuple[bytes, int] | None:
+    """The answer to a `sow` whose filter is `/path = literal` on the topic's one Key
+    path, made on the event loop with no Query and no Filter: the key from the literal
+    (expr/keys.py KeyEquality), a point get, the frames from a template. Parsing the
+    filter (even without the parser), the Query and the key pinned from the filter's tree
+    were a fifth of a look-up's CPU (docs/performance.md). None for any other query,
+    across a cluster, or while the worker holds the engine: the general path then
+    (parse_query on the pool, then _looked_up), whose answers these are."""
+    header, gateway = request.header, session.gateway
+    equality = KeyEquality.of(header.get("f"))
+    if equality is None or gateway.cluster is not None or not GENERAL_KEYS.isdisjoint(header):
         return None
-    return Query.parse(session, header, compile_key_filter(text))
+    topic: str = text(header, "t", required=True)  # type: ignore[assignment]
+    if gateway.engine.sow_config(topic).key != (equality.path,):  # UnknownTopic first
+        return None
+    batch = count(header, "bs", default=DEFAULT_BATCH, limit=MAX_BATCH) or 1
+    result = gateway.engine.look_up(topic, equality, [equality.key])
+    return None if result is None else _answer_at_once(request, topic, batch, result)
 
 
 def _looked_up(session: Session, query: Query) -> QueryResult | None:
@@ -292,12 +302,14 @@ async def _send_answer(
     session.send_encoded(b"".join(frames), len(frames))
 
 
-def _answer_at_once(request: Request, query: Query, result: QueryResult) -> tuple[bytes, int]:
+def _answer_at_once(
+    request: Request, topic: str, batch_size: int, result: QueryResult
+) -> tuple[bytes, int]:
     """send_snapshot's frames for a look-up's answer (a record per partition at most),
     and how many, for one write: the keys each frame echoes are encoded once and the
     fixed frames built around them, where encoding five header dicts was a sixth of a
     look-up's CPU on the gateway. The frames hold what ack() and group() would."""
-    header, topic = request.header, query.topic
+    header = request.header
     echo = orjson.dumps({**ids(header), "t": topic})[1:-1]  # group()'s keys, ack()'s but `s`
     acked = echo + b',"s":' + orjson.dumps(header["s"]) if "s" in header else echo
 
@@ -308,7 +320,7 @@ def _answer_at_once(request: Request, query: Query, result: QueryResult) -> tupl
 
     frames = [ack_frame(b"processed")] if request.wants("processed") else []
     frames.append(frame_of(b'{"c":"group_begin",' + echo + b"}"))
-    for chunk in batches(result.records, query.batch_size):
+    for chunk in batches(result.records, batch_size):
         frames.append(encode_frame(*sow_batch(header, topic, chunk)))
     frames.append(frame_of(b'{"c":"group_end",' + echo + b"}"))
     if request.wants("stats"):

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amps_on_kafka.expr import FilterError, compile_filter
-from amps_on_kafka.expr.keys import compile_key_filter, key_equality
+from amps_on_kafka.expr.keys import KeyEquality, compile_key_filter, key_equality
 from amps_on_kafka.expr.parser import parse
+from amps_on_kafka.log.keys import key_from_values
 
 NAMES = st.sampled_from(["id", "a", "_x", "Key9", "AND", "null", "9a", "é", "a-b", ""])
 SPACES = st.sampled_from(["", " ", "  ", "\t", "\n", "\u00a0"])
@@ -93,6 +94,37 @@ def test_a_key_filter_matches_records_as_the_compiled_filter_does(case: tuple[st
     assert built is not None
     assert built.matches(record) is compile_filter(text).matches(record)
     assert built.equalities(["/id"]) == compile_filter(text).equalities(["/id"])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(key_filters_and_records())
+def test_a_key_equality_matches_records_as_the_compiled_filter_does(
+    case: tuple[str, dict],
+) -> None:
+    """KeyEquality (a gateway's look-up by key, no Filter built) decides every record as
+    the parser's filter: a field of the literal's type by `==`, anything else by the
+    filter itself; and it pins the key the filter's equalities give."""
+    text, record = case
+    equality = KeyEquality.of(text)
+    assert equality is not None
+    compiled = compile_filter(text)
+    assert equality.matches(record) is compiled.matches(record)
+    assert equality.matches([record]) is compiled.matches([record])  # not an object
+    [pinned] = compiled.equalities([equality.path])  # type: ignore[misc]
+    assert equality.key == key_from_values(pinned)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(near_key_filters())
+def test_a_key_equality_takes_the_texts_key_equality_takes(text: str) -> None:
+    """Any text: a KeyEquality of exactly the texts built without the parser, its path
+    the parsed tree's."""
+    equality, tree = KeyEquality.of(text), key_equality(text)
+    assert (equality is None) == (tree is None)
+    if equality is not None:
+        assert tuple(equality.steps) == tree.left.steps  # type: ignore[union-attr]
+        assert equality.literal == tree.right.value  # type: ignore[union-attr]
+        assert type(equality.literal) is type(tree.right.value)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

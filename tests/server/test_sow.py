@@ -122,7 +122,7 @@ def pool_trips(served, monkeypatch) -> PoolTrips:
 def test_a_key_look_up_on_the_loop_answers_as_the_pools_query_does(
     served, client, wire, pool_trips, key
 ):
-    """`/id = N` is answered on the event loop (server/queries.py _looked_up); `/id IN (N)`
+    """`/id = N` is answered on the event loop (server/queries.py _key_answer); `/id IN (N)`
     pins the same key but takes the pool: same records, same stats, and no pool trip."""
     publish_applied(client, served.topic, [{"id": i, "qty": i * 10} for i in range(5)])
     for _ in range(20):  # the worker holding the engine's lock sends it to the pool (below)
@@ -156,15 +156,16 @@ def _on_the_loop(pool_trips: PoolTrips, answer):
     raise AssertionError("every look-up took the pool")
 
 
-@pytest.mark.parametrize("literal", ["3", "99", "'3'", "7", "'7'", "'x y'"])
+@pytest.mark.parametrize("literal", ["3", "003", "-3", "99", "'3'", "7", "'7'", "'x y'"])
 def test_every_frame_of_a_key_look_up_on_the_loop_is_the_pools(
     served, client, wire, pool_trips, literal
 ):
     """The loop's answer (server/queries.py _answer_at_once) frame for frame as the
     pool's, present and absent keys alike, and a literal of the other type than the
     record's field: `'3'` against 3 and `7` against "7" pin the same SOW key, and the
-    filter decides whether the record matches, on either path."""
+    filter decides whether the record matches, on either path. `003` pins the key `3`."""
     docs = [{"id": 3, "qty": 30}, {"id": "7", "qty": 70}, {"id": "x y", "qty": 1}]
+    docs.append({"id": -3, "qty": -30})
     publish_applied(client, served.topic, docs)
     fast = _on_the_loop(pool_trips, lambda: _whole_answer(wire, served.topic, f"/id = {literal}"))
     general = _whole_answer(wire, served.topic, f"/id IN ({literal})")
@@ -188,6 +189,20 @@ def test_a_key_look_up_on_the_loop_leaves_out_an_expired_record_as_the_pool_does
         fast = _on_the_loop(pool_trips, lambda key=key: look_up(key))
         assert fast == _answer(wire, served.topic, f"/id IN ({key})")
         assert fast[1]["matches"] == matches
+
+
+def test_a_key_look_up_fails_as_the_general_path_does(served, wire):
+    """The loop's path checks the header as Query.parse does, in its order: an unknown
+    topic, then a bad `bs`, each with the general path's reason."""
+    for filter in ("/id = 1", "/id IN (1)"):
+        for fields, reason in (
+            ({"t": "elsewhere", "bs": -1}, "'elsewhere' is not a SOW topic of this worker"),
+            ({"t": served.topic, "bs": -1}, "'bs' must be a whole number >= 0, not -1"),
+        ):
+            wire.send({"c": "sow", "cid": "e", "f": filter, "a": "completed", **fields})
+            [failure] = wire.until(lambda f: is_ack(f, "processed"))
+            assert failure.header["status"] == "failure"
+            assert failure.header["reason"] == reason
 
 
 def test_a_key_look_up_while_the_worker_holds_the_engine_waits_on_the_pool(
