@@ -46,6 +46,8 @@ Persisted = Callable[[PublishError | None, Message], None]
 # the key's field if it is a single top-level one, and the partition count its keyed
 # records are checked against (0: no check).
 Route = tuple[str, KeyExtractor | None, str | None, int]
+# publish_run(events, start, end, delivery, base, produced) -> the first not produced
+RunPublisher = Callable[[list[Any], int, int, Callable[[int], Any], int, list[Any]], int]
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class LogPublisher:
         self._routes: dict[str, Route | None] = {}
         self.publish_document = self._document_publisher()
         self.publish_encoded = self._encoded_publisher()
+        self.publish_run = self._run_publisher()
 
     def spec(self, topic: str) -> TopicSpec:
         spec = self._specs.get(topic)
@@ -303,6 +306,53 @@ class LogPublisher:
             return sequence
 
         return publish
+
+    def _run_publisher(self) -> RunPublisher:
+        """publish_run: `run(events, start, end, delivery, base, produced)` produces the
+        plain publishes `events[start:end]` ((topic, s, payload) tuples, a gateway read's
+        run) in order with publish_encoded, each reported to `delivery(base | index)`, its
+        index in `produced`, where each one produced is appended; it returns the index of
+        the first publish_encoded did not take (`end` when it took all). The compiled one
+        (native/src/publish.rs, EncodedRun) produces the common case itself and hands
+        publish_encoded the rest; `_run_twin` is its twin."""
+        if core is None:
+            return self._run_twin()
+        return core.EncodedRun(  # type: ignore[no-any-return]
+            self.publish_encoded,
+            self._routes,
+            PAYLOAD_KEY,
+            self._counts,
+            time.monotonic,
+            self._sequences,
+            self._publisher_header,
+            H_SEQUENCE,
+            H_SOW_KEY,
+            self._produce_call,
+            (BufferError, KafkaException),
+        )
+
+    def _run_twin(self) -> RunPublisher:
+        """publish_run as a Python loop over publish_encoded."""
+        publish = self.publish_encoded
+
+        def run(
+            events: list[Any],
+            start: int,
+            end: int,
+            delivery: Callable[[int], Any],
+            base: int,
+            produced: list[Any],
+        ) -> int:
+            position = start
+            while position < end:
+                event = events[position]
+                if publish(event[0], event[2], event[1], delivery(base | len(produced))) is None:
+                    break
+                produced.append(event)
+                position += 1
+            return position
+
+        return run
 
     def _recheck_partition(self, topic: str, key: str) -> None:
         """The partition check of publish() for a keyed publish_document whose cached

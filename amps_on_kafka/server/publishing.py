@@ -499,14 +499,8 @@ def publish_run(session: Session, events: list[Event], start: int) -> int:
     if end == start or not writes.budget.take_now(size, end - start):
         return start
     batch = writes.open_batch(size, end - start)
-    publish, delivery, produced = writes.publisher.publish_encoded, writes.delivery, batch.publishes
-    base, position = batch.number << BATCH_BITS, start
-    while position < end:
-        event: Publish = events[position]  # type: ignore[assignment]
-        if publish(event[0], event[2], event[1], delivery(base | len(produced))) is None:
-            break
-        produced.append(event)
-        position += 1
+    run = writes.publisher.publish_run  # compiled: the common case with no Python frame
+    position = run(events, start, end, writes.delivery, batch.number << BATCH_BITS, batch.publishes)
     left: list[Publish] = events[position:end]  # type: ignore[assignment]
     writes.seal(batch, sum(len(e[2]) for e in left) + RECORD_OVERHEAD * len(left))
     return position
