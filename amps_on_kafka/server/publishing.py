@@ -44,6 +44,7 @@ from amps_on_kafka.log.codecs import avro_document
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
+from amps_on_kafka.native import core
 from amps_on_kafka.processor.memory import release_freed_memory
 from amps_on_kafka.protocol.frames import Event, Publish, publish_header
 from amps_on_kafka.security.entitlements import Denied
@@ -289,7 +290,7 @@ class Writes:
         self._known: set[str] = set()
         self._batches: dict[int, PublishBatch] = {}  # by number, until reported
         self._batch_numbers = itertools.count()
-        self.delivery = _batch_delivery(self._batches, self.pump, self.finish_batch)
+        self.delivery = batch_deliveries(self._batches, self.pump, self.finish_batch)
 
     async def spec(self, topic: str) -> TopicSpec:
         """The topic's spec, with its partition count fresh: both read Kafka now and then
@@ -412,6 +413,20 @@ class Writes:
             else:
                 waiting.append((target, future))
         self._flushes = waiting
+
+
+def batch_deliveries(
+    batches: dict[int, PublishBatch],
+    pump: DeliveryPump,
+    finish: Callable[[PublishBatch], None],
+) -> Callable[[int], Callable[[KafkaError | None, Message], None]]:
+    """`delivery(number)`: the report callback of a session's batched record `number`.
+    The compiled core's (native/src/publish.rs, BatchDeliveries: made and called with
+    no Python frame, on the loop for every record and on the pump's thread for every
+    report), else its twin, _batch_delivery."""
+    if core is None:
+        return _batch_delivery(batches, pump, finish)
+    return core.BatchDeliveries(batches, pump.failure_reason, pump.post, finish)  # type: ignore[no-any-return]
 
 
 def _batch_delivery(

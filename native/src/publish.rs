@@ -12,6 +12,7 @@
 //! errors and records are the same.
 
 use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyIterator, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
@@ -500,8 +501,104 @@ fn digits<'py>(sequence: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     .into_any())
 }
 
+/// A session's report callbacks of batched records (server/publishing.py,
+/// `_batch_delivery`, whose `Delivery(number)` int is the twin): `deliveries(number)` is
+/// the callback of record `number` (batch << 32 | index). Made on the loop for every
+/// record a run produces and called on the pump's thread for its report: here neither is
+/// a Python frame, and the callback is not an object the collector tracks.
+#[pyclass(frozen, module = "amps_on_kafka_native")]
+struct BatchDeliveries {
+    batches: Py<PyDict>,
+    failure_reason: Py<PyAny>,
+    post: Py<PyAny>,
+    finish: Py<PyAny>,
+}
+
+#[pymethods]
+impl BatchDeliveries {
+    /// The session's batches by number, the pump's `failure_reason` and `post`, and
+    /// `finish` (Writes.finish_batch), posted with a batch once its last report came.
+    #[new]
+    fn new(
+        batches: Py<PyDict>,
+        failure_reason: Py<PyAny>,
+        post: Py<PyAny>,
+        finish: Py<PyAny>,
+    ) -> Self {
+        Self {
+            batches,
+            failure_reason,
+            post,
+            finish,
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for held in [
+            self.batches.as_any(),
+            self.failure_reason.as_any(),
+            self.post.as_any(),
+            self.finish.as_any(),
+        ] {
+            visit.call(held)?;
+        }
+        Ok(())
+    }
+
+    fn __call__(slf: &Bound<'_, Self>, number: u64) -> PyResult<BatchDelivery> {
+        Ok(BatchDelivery {
+            number,
+            owner: slf.clone().unbind(),
+        })
+    }
+}
+
+/// One record's report callback: `callback(error, message)`; `int()` of it is its number.
+#[pyclass(frozen, module = "amps_on_kafka_native")]
+struct BatchDelivery {
+    number: u64,
+    owner: Py<BatchDeliveries>,
+}
+
+#[pymethods]
+impl BatchDelivery {
+    /// As the twin's: the batch counted down, a failure kept with its index and reason,
+    /// the batch posted to the loop by the report that draws its `expected`.
+    fn __call__(&self, py: Python<'_>, error: Py<PyAny>, _message: Py<PyAny>) -> PyResult<()> {
+        let owner = self.owner.get();
+        let key = self.number >> 32;
+        let Some(batch) = owner.batches.bind(py).get_item(key)? else {
+            return Err(pyo3::exceptions::PyKeyError::new_err(key));
+        };
+        let error = error.bind(py);
+        if !error.is_none() {
+            let reason = owner.failure_reason.bind(py).call1((error,))?;
+            let failures = batch.getattr(intern!(py, "failures"))?;
+            failures.call_method1(
+                intern!(py, "append"),
+                ((self.number & 0xFFFF_FFFF, reason),),
+            )?;
+        }
+        let reports = batch.getattr(intern!(py, "reports"))?;
+        let drawn = match reports.cast_into::<PyIterator>()?.next() {
+            Some(drawn) => drawn?,
+            None => return Err(pyo3::exceptions::PyStopIteration::new_err(())),
+        };
+        if drawn.eq(batch.getattr(intern!(py, "expected"))?)? {
+            owner.post.bind(py).call1((owner.finish.bind(py), batch))?;
+        }
+        Ok(())
+    }
+
+    fn __index__(&self) -> u64 {
+        self.number
+    }
+}
+
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
     m.add_class::<DocumentPublisher>()?;
     m.add_class::<EncodedRun>()?;
+    m.add_class::<BatchDeliveries>()?;
+    m.add_class::<BatchDelivery>()?;
     m.add_class::<Delivery>()
 }

@@ -1,6 +1,7 @@
 """The compiled run of a gateway read's plain publishes (native/src/publish.rs,
 EncodedRun) against its twin (log/publisher.py, LogPublisher._run_twin: a loop over
-publish_encoded).
+publish_encoded), and the compiled report callbacks of its records (BatchDeliveries)
+against theirs (server/publishing.py, _batch_delivery).
 
 Two publishers numbered alike produce the same runs — publishes with and without a
 sequence (one past 64 bits), payloads whose key is an int, text, empty, a bool or
@@ -8,19 +9,30 @@ missing, payloads that are not an object or not JSON, to topics keyed by one fie
 two, unkeyed and placed by another partitioner (not routed) — through a real producer
 whose `produce` is watched: each run must stop at the same publish, keep the same
 publishes, and hand `produce` the same records (topic, value, key, partition, headers,
-the report's number).
+the report's number). Reports of batches, in any order, failed or not, of a batch
+unknown, must count each batch down alike: the same failures kept (index and reason),
+the same batch posted once, by its last report.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from amps_on_kafka.log.publisher import LogPublisher
+from amps_on_kafka.native import core
+from amps_on_kafka.server.publishing import (
+    BATCH_BITS,
+    DeliveryPump,
+    PublishBatch,
+    _batch_delivery,
+)
 
 SPECS = {
     "keyed": (3, {"key": ("/id",)}),
@@ -122,3 +134,61 @@ def test_a_stale_partition_count_ends_the_run_alike(bootstrap, topic_factory):
     finally:
         for publisher in made:
             publisher.close(30)
+
+
+class Pump:
+    """What a batch's report callbacks use of the DeliveryPump: its failure reasons, and
+    its posts, recorded."""
+
+    _timeout = 5.0
+    failure_reason = DeliveryPump.failure_reason
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[Any, int]] = []
+
+    def post(self, handler: Any, batch: PublishBatch) -> None:
+        self.posted.append((handler, batch.number))
+
+
+def reported(make: Any, reports: list[tuple[int, int, int | None]]) -> tuple:
+    """Three batches of 3 records (one sealed: expected 3), reported in the order given
+    ((batch, index, error code)): what each report did, the failures kept, the posts."""
+    batches = {n: PublishBatch(n, n, 0, 3) for n in range(3)}
+    batches[1].expected = 3
+    pump, finish = Pump(), object()
+    delivery = make(batches, pump, finish)
+    answers = []
+    for batch, index, code in reports:
+        callback = delivery((batch << BATCH_BITS) | index)
+        assert int(callback) == (batch << BATCH_BITS) | index
+        error = KafkaError(code) if code is not None else None
+        try:
+            answers.append(callback(error, None))
+        except KeyError as exc:
+            answers.append(("KeyError", exc.args))
+    failures = {n: b.failures for n, b in batches.items()}
+    return answers, failures, [(handler is finish, n) for handler, n in pump.posted]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # batch 3 is none of the session's
+            st.integers(0, 2**32 - 1),
+            st.none() | st.sampled_from([KafkaError._MSG_TIMED_OUT, KafkaError.MSG_SIZE_TOO_LARGE]),
+        ),
+        max_size=10,
+    )
+)
+@example([(1, 0, None), (1, 1, KafkaError._MSG_TIMED_OUT), (1, 2, None), (1, 3, None)])
+def test_compiled_batch_reports_count_down_as_the_twin(reports):
+    compiled = reported(
+        lambda b, p, f: core.BatchDeliveries(b, p.failure_reason, p.post, f), reports
+    )
+    assert compiled == reported(_batch_delivery, reports)
+
+
+def test_a_batch_report_callback_is_not_tracked():
+    deliveries = core.BatchDeliveries({}, str, print, None)
+    assert not gc.is_tracked(deliveries(1 << BATCH_BITS))
