@@ -406,12 +406,10 @@ class QueueEngine:
     def send(self, queue: str, deliveries: list[Delivery]) -> None:
         """Hand `queue`'s deliveries to their subscribers, in order: one call a message,
         or one a subscription that takes bursts (its messages of this call, in order)."""
-        now = self.clock()
         bursts: dict[Subscription, list[QueueMessage]] = {}
-        for delivery in deliveries:
+        made = messages_of(queue, deliveries, self.clock())
+        for delivery, message in zip(deliveries, made, strict=True):
             subscription = delivery.subscription
-            lease = None if delivery.lease_until is None else delivery.lease_until - now
-            message = _message(queue, subscription.sub_id, delivery.entry, lease)
             if subscription.burst:
                 burst = bursts.get(subscription)
                 if burst is None:
@@ -458,6 +456,29 @@ def _message(queue: str, sub_id: str | None, entry: QueueEntry, lease: int | Non
         entry.headers,
         entry.deliveries,
     )
+
+
+def _messages_twin(queue: str, deliveries: list[Delivery], now: int) -> list[QueueMessage]:
+    """messages_of in Python: what the compiled core leaves to it, or all without it."""
+    return [
+        _message(
+            queue,
+            delivery.subscription.sub_id,
+            delivery.entry,
+            None if delivery.lease_until is None else delivery.lease_until - now,
+        )
+        for delivery in deliveries
+    ]
+
+
+# The message of each delivery of a queue, in order, leased for what is left of its
+# lease at `now` (ms) or None for a barrier. The compiled core writes each QueueMessage's
+# slots directly (the twin: ~0.6 us a message, on the thread whose change freed room).
+messages_of: Callable[[str, list[Delivery], int], list[QueueMessage]] = (
+    core.MessageMaker(QueueMessage, Delivery, Subscription, QueueEntry, _messages_twin).make
+    if core is not None
+    else _messages_twin
+)
 
 
 def _message_ids(bookmarks: str | Iterable[str]) -> list[MessageId]:

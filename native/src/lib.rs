@@ -10,6 +10,7 @@ mod frame_buffer;
 mod frames;
 mod publish;
 mod queue_entries;
+mod queue_messages;
 mod queue_store;
 mod records;
 mod scans;
@@ -31,5 +32,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     publish::register(m)?;
     queue_entries::register(m)?;
     queue_store::register(m)?;
+    queue_messages::register(m)?;
     Ok(())
 }
