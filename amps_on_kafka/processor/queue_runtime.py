@@ -16,9 +16,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import MISSING, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from confluent_kafka import KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from amps_on_kafka.config import QueueConfig
 from amps_on_kafka.errors import AmpsError
@@ -253,8 +253,8 @@ class QueueRuntime(Recovery, Recording):
         while at < end:
             at = read_records(records, at, self._codecs, entries, bad)
             self._skip(bad)
-            if at < end:  # a record with an error
-                error = records[at].error()
+            if at < end:  # a record with an error: why the read stopped there
+                error = cast(KafkaError, records[at].error())
                 if error.fatal():
                     raise KafkaException(error)
                 log.warning("queue %s: consumer error %s", self.name, error.str())

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import ColumnFamily, Options, Rdict, WriteBatch
 
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.native import core
@@ -76,7 +76,9 @@ def encode_entry(entry: QueueEntry) -> bytes:
     return b"".join((_LENGTH.pack(len(meta)), meta, entry.payload))
 
 
-def _put_entries_twin(batch: WriteBatch, column: object, entries: Iterable[QueueEntry]) -> None:
+def _put_entries_twin(
+    batch: WriteBatch, column: ColumnFamily, entries: Iterable[QueueEntry]
+) -> None:
     """put_entries in Python: what the compiled core leaves to it, or all without it."""
     for entry in entries:
         if entry.status in GONE:
@@ -91,7 +93,7 @@ def _put_entries_twin(batch: WriteBatch, column: object, entries: Iterable[Queue
 # encode_entry), or deleted from it once it left the queue if it was ever stored. The
 # compiled core writes encode_entry's bytes itself (~1 us of the queue thread a message
 # that outlives a checkpoint, in Python).
-put_entries: Callable[[WriteBatch, object, Iterable[QueueEntry]], None] = (
+put_entries: Callable[[WriteBatch, ColumnFamily, Iterable[QueueEntry]], None] = (
     core.EntryWriter(QueueEntry, GONE, _put_entries_twin).put
     if core is not None
     else _put_entries_twin
