@@ -143,8 +143,9 @@ class Session:
         if not (self.decoder.partial or self.client_name is None):
             return await self.reader.read(READ_SIZE)
         started = time.monotonic()
-        try:
-            return await asyncio.wait_for(self.reader.read(READ_SIZE), self._patience)
+        try:  # no task per read, as wait_for makes (a busy publisher's reads end mid-frame)
+            async with asyncio.timeout(self._patience):
+                return await self.reader.read(READ_SIZE)
         except TimeoutError:
             self.close_for(self._timeout_reason())
             return b""
