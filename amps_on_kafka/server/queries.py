@@ -23,15 +23,16 @@ import orjson
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.expr.keys import KeyEquality
 from amps_on_kafka.log.keys import key_from_values
+from amps_on_kafka.native import core
 from amps_on_kafka.processor.engine import QueryResult, Records, SowEngine
 from amps_on_kafka.protocol.frames import encode_frame, frame_of
 from amps_on_kafka.server.fanout import Boundary
 from amps_on_kafka.server.peers import PARTS, parts_of
-from amps_on_kafka.server.replies import ack, group, ids, sow_batch
+from amps_on_kafka.server.replies import ack, converted, group, ids, sow_batch
 from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, count, options, text
 from amps_on_kafka.server.scans import compiled_writes
 from amps_on_kafka.server.subscriptions import SUBSCRIBE_OPTIONS, SowSubscription, subscription_id
-from amps_on_kafka.state.record import SowRecord
+from amps_on_kafka.state.record import NEVER, SowRecord
 
 if TYPE_CHECKING:
     from amps_on_kafka.server.session import Session
@@ -308,27 +309,59 @@ def _answer_at_once(
     """send_snapshot's frames for a look-up's answer (a record per partition at most),
     and how many, for one write: the keys each frame echoes are encoded once and the
     fixed frames built around them, where encoding five header dicts was a sixth of a
-    look-up's CPU on the gateway. The frames hold what ack() and group() would."""
-    header = request.header
+    look-up's CPU on the gateway. The frames hold what ack() and group() would. Written
+    by the compiled core where it is installed and no record's payload is converted
+    (native/src/lookups.rs: the Python frames were a quarter of a look-up's
+    instructions), else by _answer_frames, its twin."""
+    header, records = request.header, result.records
     echo = orjson.dumps({**ids(header), "t": topic})[1:-1]  # group()'s keys, ack()'s but `s`
     acked = echo + b',"s":' + orjson.dumps(header["s"]) if "s" in header else echo
+    wants = (request.wants("processed"), request.wants("stats"), request.wants("completed"))
+    if core is None or any(converted(record.codec) for record in records):
+        return _answer_frames(header, topic, echo, acked, wants, result, batch_size)
+    entries = [
+        (r.sow_key, r.bookmark, r.timestamp, _seconds(r), r.payload)  # record_entry's
+        for r in records
+    ]
+    answer: tuple[bytes, int] = core.look_up_answer(
+        echo, acked, wants, entries, result.matches, batch_size, BATCH_BYTES
+    )
+    return answer
+
+
+def _seconds(record: SowRecord) -> bytes | None:
+    """A record's `e` as record_meta writes it (orjson's float), None if it never expires."""
+    return None if record.deadline == NEVER else orjson.dumps(record.expiration)
+
+
+def _answer_frames(
+    header: dict[str, Any],
+    topic: str,
+    echo: bytes,
+    acked: bytes,
+    wants: tuple[bool, bool, bool],
+    result: QueryResult,
+    batch_size: int,
+) -> tuple[bytes, int]:
+    """_answer_at_once's frames in Python: the compiled core's twin."""
+    processed, stats, completed = wants
 
     def ack_frame(kind: bytes, extra: bytes = b"") -> bytes:
         return frame_of(
             b'{"c":"ack","a":"' + kind + b'","status":"success",' + acked + extra + b"}"
         )
 
-    frames = [ack_frame(b"processed")] if request.wants("processed") else []
+    frames = [ack_frame(b"processed")] if processed else []
     frames.append(frame_of(b'{"c":"group_begin",' + echo + b"}"))
     for chunk in batches(result.records, batch_size):
         frames.append(encode_frame(*sow_batch(header, topic, chunk)))
     frames.append(frame_of(b'{"c":"group_end",' + echo + b"}"))
-    if request.wants("stats"):
+    if stats:
         returned = len(result.records)
         frames.append(
             ack_frame(b"stats", b',"matches":%d,"records_returned":%d' % (result.matches, returned))
         )
-    if request.wants("completed"):
+    if completed:
         frames.append(ack_frame(b"completed"))
     return b"".join(frames), len(frames)
 

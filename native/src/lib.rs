@@ -8,6 +8,7 @@ mod batches;
 mod filters;
 mod frame_buffer;
 mod frames;
+mod lookups;
 mod publish;
 mod queue_entries;
 mod queue_messages;
@@ -28,6 +29,7 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     filters::register(m)?;
     acks::register(m)?;
     scans::register(m)?;
+    lookups::register(m)?;
     batches::register(m)?;
     publish::register(m)?;
     queue_entries::register(m)?;
