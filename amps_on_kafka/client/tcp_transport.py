@@ -90,7 +90,7 @@ class Outbox:
         """Number and queue a plain publish for the writer thread: its sequence number,
         or None once the socket failed or the outbox closed."""
         sequence, before = self.buffer.publish(topic, payload)
-        if 0 < before <= MAX_OUTBOX or self._queued(before):
+        if (before > 0 and before + len(payload) <= MAX_OUTBOX) or self._queued(before):
             return sequence
         return None
 
@@ -117,9 +117,10 @@ class Outbox:
         self._thread.join(timeout)
 
     def _queued(self, before: int) -> bool:
-        """After a publish found the buffer empty (wake the writer), over MAX_OUTBOX
-        (wait for room) or closed (-1: False, not queued). A queued frame is sent unless
-        the socket fails (a closing outbox sends what it holds)."""
+        """After a publish found the buffer empty (wake the writer), took it past
+        MAX_OUTBOX (wait for room, as put() waits before its frame) or found it closed
+        (-1: False, not queued). A queued frame is sent unless the socket fails (a
+        closing outbox sends what it holds)."""
         if before < 0:
             return False
         with self._changed:

@@ -11,6 +11,8 @@ from amps_on_kafka.client import acks as acks_module
 from amps_on_kafka.client import tcp_transport
 from amps_on_kafka.client.acks import AckBatcher
 from amps_on_kafka.client.tcp_transport import Outbox
+from amps_on_kafka.protocol.frame_buffer import publish_frame
+from amps_on_kafka.protocol.frames import FrameDecoder
 
 WAIT = 10.0  # seconds an event that must happen may take
 
@@ -167,3 +169,34 @@ def test_close_sends_what_waits():
     batcher.add("q", "q|0|7|")
     batcher.close()
     assert sent.headers == [{"c": "sow_delete", "t": "q", "bm": "q|0|7|"}]
+
+
+def test_plain_publishes_wait_past_max_outbox_and_arrive_numbered_in_order(pair, monkeypatch):
+    """Outbox.publish, a plain publish's path: no lock unless the buffer was empty or full,
+    yet bounded like put() (each blocked publisher's own frame queued already), and its
+    frames reach the socket whole, numbered in the order queued."""
+    ours, peer = pair
+    monkeypatch.setattr(tcp_transport, "MAX_OUTBOX", 64 * 1024)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    outbox = Outbox(ours, lambda reason: None)
+    payload, count = b"x" * 8000, 100  # far more than socket and outbox hold
+    numbers: list[int] = []
+    done = threading.Event()
+
+    def publish() -> None:
+        for _ in range(count):
+            numbers.append(outbox.publish("t", payload))
+        done.set()
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    assert not done.wait(0.5), "the frames fitted without the peer reading"
+    assert len(outbox.buffer) <= tcp_transport.MAX_OUTBOX + len(publish_frame("t", 0, payload))
+    frame_size = len(publish_frame("t", numbers[0], payload))
+    events = FrameDecoder(1 << 20, publishes=True).feed(read_exactly(peer, count * frame_size))
+    assert done.wait(WAIT)
+    publisher.join()
+    assert numbers == list(range(numbers[0], numbers[0] + count))
+    assert events == [("t", number, payload) for number in numbers]
+    outbox.close(WAIT)
+    assert outbox.publish("t", payload) is None  # closed: refused, not queued
