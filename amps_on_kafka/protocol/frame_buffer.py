@@ -52,19 +52,22 @@ class PyFrameBuffer:
     def publish(self, topic: str, payload: bytes) -> tuple[int, int]:
         """Number a plain publish and queue its frame: (its sequence, the bytes pending
         before it, -1 if closed). The number is taken even when the frame is refused."""
-        with self._lock:
+        with self._lock:  # one step, as the compiled call is: queued in sequence order
             sequence = self._number(1)
-        return sequence, self.append(self._frame(topic, sequence, payload))
+            return sequence, self._append(self._frame(topic, sequence, payload))
 
     def append(self, frame: bytes) -> int:
         """Queue a frame: the bytes pending before it, -1 if closed (nothing queued)."""
         with self._lock:
-            if self._closed:
-                return -1
-            before = self._size
-            self._frames.append(frame)
-            self._size += len(frame)
-            return before
+            return self._append(frame)
+
+    def _append(self, frame: bytes) -> int:
+        if self._closed:
+            return -1
+        before = self._size
+        self._frames.append(frame)
+        self._size += len(frame)
+        return before
 
     def take(self) -> bytes:
         """Every pending byte, in order; the buffer is empty after."""

@@ -12,6 +12,8 @@ made.
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -77,3 +79,25 @@ def test_a_closed_buffer_refuses_frames_and_keeps_what_it_holds(cls: Any) -> Non
     assert buffer.publish("t", b"{}") == (2, -1)  # numbered, not queued
     assert buffer.take() == b"abc" + publish_frame("t", 1, b"{}")
     assert len(buffer) == 0
+
+
+@pytest.mark.parametrize("cls", [PyFrameBuffer, core and core.FrameBuffer])
+def test_publishes_from_several_threads_are_queued_in_sequence_order(cls: Any) -> None:
+    """Numbering and queueing are one step in both: a publish numbered later never lands
+    before one numbered earlier, whichever thread made it."""
+    buffer = cls(0, publish_frame)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes
+    try:
+        threads = [
+            threading.Thread(target=lambda: [buffer.publish("t", b"{}") for _ in range(2_000)])
+            for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    numbers = [n for _, n, _ in FrameDecoder(1 << 20, publishes=True).feed(buffer.take())]
+    assert numbers == list(range(8_000))
