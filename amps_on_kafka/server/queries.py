@@ -32,7 +32,7 @@ from amps_on_kafka.server.replies import ack, converted, group, ids, sow_batch
 from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, count, options, text
 from amps_on_kafka.server.scans import compiled_writes
 from amps_on_kafka.server.subscriptions import SUBSCRIBE_OPTIONS, SowSubscription, subscription_id
-from amps_on_kafka.state.record import NEVER, SowRecord
+from amps_on_kafka.state.record import SowRecord
 
 if TYPE_CHECKING:
     from amps_on_kafka.server.session import Session
@@ -331,7 +331,8 @@ def _answer_at_once(
 
 def _seconds(record: SowRecord) -> bytes | None:
     """A record's `e` as record_meta writes it (orjson's float), None if it never expires."""
-    return None if record.deadline == NEVER else orjson.dumps(record.expiration)
+    expiration = record.expiration
+    return None if expiration is None else orjson.dumps(expiration)
 
 
 def _answer_frames(

@@ -16,6 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::frames::push_frame;
+
 /// What the lock guards: the pending bytes, the next sequence number, whether closed.
 struct State {
     pending: Vec<u8>,
@@ -168,15 +170,8 @@ fn write_publish(state: &mut State, topic: &str, sequence: i64, payload: &[u8]) 
     header.extend_from_slice(br#","s":"#);
     header.extend_from_slice(sequence.to_string().as_bytes());
     header.push(b'}');
-    let total = u32::try_from(4 + header.len() + payload.len()).ok()?;
-    let header_length = header.len() as u32;
-    let pending = &mut state.pending;
-    let before = pending.len() as i64;
-    pending.reserve(8 + header.len() + payload.len());
-    pending.extend_from_slice(&total.to_be_bytes());
-    pending.extend_from_slice(&header_length.to_be_bytes());
-    pending.extend_from_slice(&header);
-    pending.extend_from_slice(payload);
+    let before = state.pending.len() as i64;
+    push_frame(&mut state.pending, &[&header], &[payload])?;
     Some(before)
 }
 

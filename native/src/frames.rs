@@ -104,6 +104,25 @@ fn plain(header: &[u8]) -> Option<Plain<'_>> {
     Some(plain)
 }
 
+/// Append one frame to `out`, as `encode_frame` lays it out: `>II` (the frame's length
+/// after this word, the header's length), the header's parts, then the payloads. None,
+/// with nothing appended, when a length does not fit 32 bits (a frame past 4 GiB).
+pub(crate) fn push_frame(out: &mut Vec<u8>, header: &[&[u8]], payloads: &[&[u8]]) -> Option<()> {
+    let header_length: usize = header.iter().map(|part| part.len()).sum();
+    let total = 4 + header_length + payloads.iter().map(|part| part.len()).sum::<usize>();
+    let (total, header_length) = (
+        u32::try_from(total).ok()?,
+        u32::try_from(header_length).ok()?,
+    );
+    out.reserve(4 + total as usize);
+    out.extend_from_slice(&total.to_be_bytes());
+    out.extend_from_slice(&header_length.to_be_bytes());
+    for part in header.iter().chain(payloads) {
+        out.extend_from_slice(part);
+    }
+    Some(())
+}
+
 fn length(data: &[u8], at: usize) -> usize {
     u32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as usize
 }

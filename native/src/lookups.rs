@@ -15,6 +15,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::frames::push_frame;
 use crate::scans::{escape_into, push_int};
 
 /// A record of the answer: SOW key, bookmark, timestamp (ms), `e` as JSON (None: the
@@ -27,23 +28,11 @@ type Record<'py> = (
     Bound<'py, PyBytes>,
 );
 
-/// Append one frame: the length prefix (`>II`: the frame's length after this word, the
-/// header's length), the header's parts, then the payloads.
+/// Append one frame (frames.rs's `push_frame`), or the error an answer past 4 GiB gets.
 fn frame(out: &mut Vec<u8>, header: &[&[u8]], payloads: &[&[u8]]) -> PyResult<()> {
-    let header_length: usize = header.iter().map(|part| part.len()).sum();
-    let total = 4 + header_length + payloads.iter().map(|part| part.len()).sum::<usize>();
-    let (Ok(total), Ok(header_length)) = (u32::try_from(total), u32::try_from(header_length))
-    else {
-        return Err(PyValueError::new_err(format!(
-            "an answer's frame of {total} bytes: a frame's length is at most 4 GiB"
-        )));
-    };
-    out.extend_from_slice(&total.to_be_bytes());
-    out.extend_from_slice(&header_length.to_be_bytes());
-    for part in header.iter().chain(payloads) {
-        out.extend_from_slice(part);
-    }
-    Ok(())
+    push_frame(out, header, payloads).ok_or_else(|| {
+        PyValueError::new_err("an answer's frame past 4 GiB: a frame's length is at most 4 GiB")
+    })
 }
 
 /// A record's `recs` entry, as `record_entry` makes it and orjson writes it.
