@@ -48,6 +48,10 @@ from amps_on_kafka.state.store import PartitionStore, Replacements
 log = logging.getLogger("amps_on_kafka.processor.worker")
 
 MAX_IDLE_WAIT = 0.05  # seconds: bounds expiration lag when no records arrive
+BATCH_SIZE = 5000  # records a turn of the loop consumes at most
+# ...and while a deadline is less than NEAR_DEADLINE_MS away: the records it lets due
+# wait for the turn's apply (docs/performance.md, "Expiration lag")
+EXPIRY_TURN, NEAR_DEADLINE_MS = 1000, 100
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0  # seconds a partition waits to retry its dead letters
 
 
@@ -234,17 +238,26 @@ class Applying:
             )
         log.warning("consumer error: %s", error.str())
 
-    def _wait_time(self) -> float:
-        """Until the next deadline a sweep will act on. Only expiring topics count: with
-        expiration disabled a message's own deadline is kept, never due, and a passed one
-        must not turn the loop into a spin."""
+    def _next_due(self) -> int | None:
+        """The next deadline a sweep will act on (ms), or None. Only expiring topics
+        count: with expiration disabled a message's own deadline is kept, never due, and
+        a passed one must not turn the loop into a spin."""
         stores = [s for s in self.engine.stores() if self.rules[s.topic].expiring]
-        next_due = min(
-            (d for d in (s.next_deadline() for s in stores) if d is not None), default=None
-        )
+        return min((d for d in (s.next_deadline() for s in stores) if d is not None), default=None)
+
+    def _wait_time(self, next_due: int | None) -> float:
+        """How long the loop may wait for records: until the next deadline."""
         if next_due is None:
             return MAX_IDLE_WAIT
         return max(0.0, min(MAX_IDLE_WAIT, (next_due - self.clock()) / 1000))
+
+    def _turn_size(self, next_due: int | None) -> int:
+        """Records one turn takes: EXPIRY_TURN while a deadline is near, so the sweep
+        that follows the turn is not held behind a whole BATCH_SIZE of applying (the
+        general path's ~15 us a record), else BATCH_SIZE."""
+        if next_due is not None and next_due - self.clock() < NEAR_DEADLINE_MS:
+            return EXPIRY_TURN
+        return BATCH_SIZE
 
     def _flush_due(self) -> None:
         """Every State.FlushEvery, put the stores on disk (see state/store.py): a crash
@@ -277,15 +290,20 @@ class Applying:
             log.warning("committing applied offsets to the consumer group failed: %s", exc)
 
     def _expire_due(self) -> None:
+        """Sweep every store until nothing is due, a slice at a time (SWEEP_SLICE), each
+        written and announced before the next is read."""
         for store in self.engine.stores():
-            self._expire_store(store, self.rules[store.topic])
+            while self._expire_store(store, self.rules[store.topic]):
+                pass
 
-    def _expire_store(self, store: PartitionStore, rules: SowRules) -> None:
+    def _expire_store(self, store: PartitionStore, rules: SowRules) -> bool:
+        """Sweep one slice of the store's due deadlines (SWEEP_SLICE): whether it swept
+        any (the next slice may be due at once)."""
         if not rules.expiring:
-            return
+            return False
         staged = stage_expiry(store, rules, self.clock())
         if staged is None:
-            return
+            return False
         state, changes = staged
         sweep = Staged(
             store,
@@ -299,9 +317,10 @@ class Applying:
             self._log_changes([sweep])
         except ChangelogFailed as exc:  # the sweep is due again at the next turn
             log.warning("%s|%s: expirations wait: %s", store.topic, store.partition, exc)
-            return
+            return False
         self.expired += len(changes)
         self._commit(sweep)
+        return True
 
 
 @dataclass(slots=True)

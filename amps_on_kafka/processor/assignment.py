@@ -180,7 +180,8 @@ class Assignment:
         rules = self.rules[topic]
         store = self.store_of(topic, partition)
         rules.schedules[partition] = self._expiry_schedule(store, rules)
-        self._expire_store(store, rules)  # seed 000: expirations due at startup go first
+        while self._expire_store(store, rules):  # seed 000: those due at startup go first
+            pass
         self.engine.attach(store, restore_to)
         return store
 

@@ -58,7 +58,6 @@ from amps_on_kafka.state.store import PartitionStore
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP = "amps-kafka-workers"
-BATCH_SIZE = 5000
 ENDS_EVERY = 0.5  # seconds between notes of the log ends, which lag() reports against
 
 
@@ -309,7 +308,10 @@ class Worker(Assignment, Applying):
             )
             while not self._stop.is_set():
                 with collections_paused():  # consumed records die inside it too
-                    records = consume_available(consumer, BATCH_SIZE, self._wait_time())
+                    due = self._next_due()
+                    records = consume_available(
+                        consumer, self._turn_size(due), self._wait_time(due)
+                    )
                     if records:
                         self._apply(records)
                         self.idle_trim.applied()

@@ -57,6 +57,10 @@ _EXPIRY_ENTRY = struct.Struct(">qq?")  # from offset, default in ms (-1: none), 
 History = list[tuple[int, int | None, bool]]  # (from offset, default ms or None, expiring)
 _UNREAD = object()
 _DEADLINE = struct.Struct(">q")
+# Expiry entries one sweep takes at most: the worker writes and announces each slice
+# before it takes the next, so the last record of a burst waits for one slice's work
+# (~10 us a record), not the whole burst's (docs/performance.md, "Expiration lag").
+SWEEP_SLICE = 1_000
 
 
 def _column_options(write_buffer_bytes: int) -> Options:
@@ -236,6 +240,11 @@ class PartitionStore:
         self._meta = self._db.get_column_family("meta")
         self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
         self._unflushed = False  # written since the last flush()
+        # No expiry entry sorts below this key (b"": not known, from the first): a sweep
+        # raises it past what it deleted, a write of an entry below it lowers it. `due`
+        # and `next_deadline` seek to it, past the tombstones of earlier sweeps, which a
+        # read from the first entry steps over one by one (a whole burst of them).
+        self._expiry_floor = b""
 
     # -- reading ---------------------------------------------------------------------
     def next_offset(self) -> int | None:
@@ -376,25 +385,30 @@ class PartitionStore:
         compaction may count more than once until then."""
         return self._sow.property_int_value("rocksdb.estimate-num-keys") or 0
 
-    def due(self, now_ms: int, limit: int = 10_000) -> list[bytes]:
-        """Expiry entries whose deadline is at or before now, earliest first.
+    def due(self, now_ms: int, limit: int = SWEEP_SLICE) -> list[bytes]:
+        """Expiry entries whose deadline is at or before now, earliest first, at most
+        `limit` of them (a sweep's slice, see SWEEP_SLICE).
 
         An entry is either its record's deadline, so the record expires now, or left
         over from a record replaced blind; either way the sweep removes it.
         """
         entries = []
-        for entry in self._expiry.keys():  # noqa: SIM118 - an Rdict is not a dict
+        for entry in self._expiry_entries():
             if _DEADLINE.unpack_from(entry)[0] > now_ms or len(entries) >= limit:
                 break
             entries.append(entry)
         return entries
+
+    def _expiry_entries(self) -> Iterator[bytes]:
+        """The expiry entries in deadline order, from the floor (see __init__)."""
+        return self._expiry.keys(from_key=self._expiry_floor or None)
 
     @staticmethod
     def key_of_entry(entry: bytes) -> str:
         return entry[_DEADLINE.size :].decode()
 
     def next_deadline(self) -> int | None:
-        for entry in self._expiry.keys():  # noqa: SIM118 - an Rdict is not a dict
+        for entry in self._expiry_entries():
             return _DEADLINE.unpack_from(entry)[0]
         return None
 
@@ -409,19 +423,32 @@ class PartitionStore:
         """Apply a batch and its offset atomically (one WriteBatch)."""
         sow, expiry = self._handles["sow"], self._handles["expiry"]
         writes = WriteBatch(raw_mode=True)
+        swept = set(batch.swept)
+        lowest = None  # the lowest expiry entry put
         for key, before, after in batch.changed():
             raw_key = key.encode()
             if before is not None and before.deadline != NEVER:
-                writes.delete(_expiry_key(before.deadline, raw_key), expiry)
+                entry = _expiry_key(before.deadline, raw_key)
+                if entry not in swept:  # deleted below, once
+                    writes.delete(entry, expiry)
             if after is None:
                 writes.delete(raw_key, sow)
                 continue
             writes.put(raw_key, after.encode(), sow)
             if after.deadline != NEVER:
-                writes.put(_expiry_key(after.deadline, raw_key), b"", expiry)
+                entry = _expiry_key(after.deadline, raw_key)
+                writes.put(entry, b"", expiry)
+                lowest = entry if lowest is None else min(lowest, entry)
         for entry in batch.swept:
             writes.delete(entry, expiry)
         self._commit(writes, batch.next_offset)
+        if batch.swept:  # `due` gave every entry from the floor to the last one swept
+            self._expiry_floor = max(self._expiry_floor, batch.swept[-1][: _DEADLINE.size])
+        self._lower_floor(lowest)
+
+    def _lower_floor(self, entry: bytes | None) -> None:
+        if entry is not None and entry < self._expiry_floor:
+            self._expiry_floor = entry[: _DEADLINE.size]
 
     def replacements(self) -> Replacements:
         return Replacements(self._handles["sow"])
@@ -450,7 +477,9 @@ class PartitionStore:
             writes.put(raw_key, stored, sow)
             deadline = deadline_of(stored)
             if deadline != NEVER:
-                writes.put(_expiry_key(deadline, raw_key), b"", expiry)
+                entry = _expiry_key(deadline, raw_key)
+                writes.put(entry, b"", expiry)
+                self._lower_floor(entry)
         self._commit(writes, None)
 
     def load_position(self, next_offset: int, history: History) -> None:

@@ -181,4 +181,5 @@ def test_a_passed_deadline_in_a_topic_without_expiration_does_not_wake_the_loop(
     publisher.publish_flush(10)
     wait_caught_up(worker, bootstrap, sow_topic, 2)
     assert sum(len(s.due(now_ms() + 1000)) for s in worker.engine.stores()) == 1
-    assert worker._wait_time() == MAX_IDLE_WAIT
+    due = worker._next_due()
+    assert due is None and worker._wait_time(due) == MAX_IDLE_WAIT
