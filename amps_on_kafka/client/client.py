@@ -28,7 +28,8 @@ from amps_on_kafka.errors import TransportError, WrongTransport
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.envelope import Command
 from amps_on_kafka.log.message import Message
-from amps_on_kafka.log.publisher import FailedWrite, check_delete_target
+from amps_on_kafka.log.publisher import FailedWrite
+from amps_on_kafka.log.sow_deletes import check_delete_target
 
 
 class Client(ClientBase):

@@ -44,7 +44,8 @@ from amps_on_kafka.client.uri import parse_uri, shown
 from amps_on_kafka.errors import AmpsError, TransportError
 from amps_on_kafka.log.codecs import check_payload, check_topic
 from amps_on_kafka.log.message import Message
-from amps_on_kafka.log.publisher import FailedWrite, check_delete_target
+from amps_on_kafka.log.publisher import FailedWrite
+from amps_on_kafka.log.sow_deletes import check_delete_target
 
 log = logging.getLogger(__name__)
 SOW_DELETE_RESERVE = 10_000  # sequence numbers a sow_delete may use: one per record

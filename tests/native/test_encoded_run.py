@@ -1,5 +1,5 @@
 """The compiled run of a gateway read's plain publishes (native/src/publish.rs,
-EncodedRun) against its twin (log/publisher.py, LogPublisher._run_twin: a loop over
+EncodedRun) against its twin (log/one_frame_publishers.py, LogPublisher._run_twin: a loop over
 publish_encoded), and the compiled report callbacks of its records (BatchDeliveries)
 against theirs (server/publishing.py, _batch_delivery).
 

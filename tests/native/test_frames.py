@@ -1,7 +1,7 @@
 """The compiled split of a gateway read into frames (native/src/frames.rs) against its
 Python twin (protocol/frames.py, split_frames) and against the decoder as it was; and
-the compiled read of a plain publish's SOW key against its twin (log/publisher.py,
-payload_key).
+the compiled read of a plain publish's SOW key against its twin
+(log/one_frame_publishers.py, payload_key).
 
 A stream of frames — plain publishes as clients write them, near-plain headers (another
 key, a key twice, escapes, a sequence that is negative, a float, a boolean or past 64
@@ -21,7 +21,7 @@ import orjson
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from amps_on_kafka.log.publisher import payload_key
+from amps_on_kafka.log.one_frame_publishers import payload_key
 from amps_on_kafka.native import core
 from amps_on_kafka.protocol import frames
 from amps_on_kafka.protocol.frames import Event, Frame, FrameDecoder, plain_publish

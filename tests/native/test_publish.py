@@ -1,5 +1,5 @@
 """The compiled publish_document (native/src/publish.rs, DocumentPublisher) against its
-twin (log/publisher.py, LogPublisher._document_twin).
+twin (log/one_frame_publishers.py, LogPublisher._document_twin).
 
 Two publishers numbered alike publish the same calls — documents whose key is an int,
 a big or negative one, a bool, text (empty, non-ASCII, a lone surrogate), a float, a
