@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 import threading
 from collections.abc import Callable
@@ -71,7 +72,7 @@ class Gateway:
         self.max_queued_bytes = settings.max_queued_bytes
         self.registry = registry or TopicRegistry(bootstrap)
         self.address: str | None = None
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_loop(tls=settings.tls is not None)
         self.deletes = DeleteTracker()
         self.stats = GatewayStats()  # counted on the loop, read by the admin port
         self.fanout = Fanout(engine, self.loop, self.deletes, self.blocking)
@@ -173,8 +174,11 @@ class Gateway:
 
     # -- the event loop -----------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # asyncio reads max_size bytes per recv (256 KiB): see READ_SIZE for why not that
-        writer.transport.max_size = READ_SIZE  # type: ignore[attr-defined]
+        # asyncio's transport reads max_size bytes per recv (256 KiB): see READ_SIZE for why
+        # not that. uvloop's has no such field: it reads into one buffer its loop keeps and
+        # copies out only the bytes read, so no large buffer is mapped per read.
+        if hasattr(writer.transport, "max_size"):
+            writer.transport.max_size = READ_SIZE
         if len(self._sessions) + self._handshakes >= self.settings.max_connections:
             self.stats.refused += 1
             await self._refuse(writer)
@@ -321,6 +325,23 @@ class Gateway:
 
 def _user(session: Session) -> str | None:
     return session.identity.user if session.identity is not None else None
+
+
+def new_loop(tls: bool) -> asyncio.AbstractEventLoop:
+    """The gateway's event loop: uvloop's (libuv, compiled) where it is installed, which
+    takes a quarter less work than asyncio's own for a command's turn of the loop (a
+    heartbeat's round trip 117k -> 85k instructions; docs/performance.md, the look-up's
+    sixth round). Not with TLS: uvloop's start_tls drops a ClientHello the connection
+    read before the handshake began, and that handshake hangs (MagicStack/uvloop#707,
+    open; it failed 5 of tests/security/test_gateway_attacks.py's TLS tests by chance).
+    `AMPS_UVLOOP=0` in the environment gives asyncio's loop: to compare the two, or to
+    rule uvloop out of a problem."""
+    if not tls and os.environ.get("AMPS_UVLOOP", "1") != "0":
+        with suppress(ImportError):
+            import uvloop
+
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def _shared_producer(bootstrap: str, settings: GatewayConfig) -> Producer:

@@ -1,0 +1,56 @@
+"""The gateway's event loop (server/gateway.py new_loop): uvloop's, except with TLS or
+AMPS_UVLOOP=0; a gateway serves alike on either."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+import uvloop
+
+from amps_on_kafka.config import Config
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.server.gateway import Gateway, new_loop
+from tests.server.helpers import Wire
+
+
+def _kind(loop: asyncio.AbstractEventLoop) -> str:
+    kind = "uvloop" if isinstance(loop, uvloop.Loop) else "asyncio"
+    loop.close()
+    return kind
+
+
+def test_uvloop_serves_unless_tls_or_amps_uvloop_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AMPS_UVLOOP", raising=False)
+    assert _kind(new_loop(tls=False)) == "uvloop"
+    assert _kind(new_loop(tls=True)) == "asyncio"  # uvloop's start_tls: MagicStack/uvloop#707
+    monkeypatch.setenv("AMPS_UVLOOP", "0")
+    assert _kind(new_loop(tls=False)) == "asyncio"
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_gateway_on_either_loop_answers_pipelined_commands_in_order(
+    switch: str,
+    bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+    wire_to: Callable[[str], Wire],
+) -> None:
+    monkeypatch.setenv("AMPS_UVLOOP", switch)
+    engine = SowEngine(Config(), {}, now_ms)
+    with Gateway(engine, bootstrap, listen="127.0.0.1:0") as gateway:
+        assert _running_kind(gateway) == ("uvloop" if switch == "1" else "asyncio")
+        wire = wire_to(gateway.address)  # type: ignore[arg-type]
+        assert wire.logon().header["status"] == "success"
+        commands = [{"c": "heartbeat", "cid": str(n)} for n in range(200)]
+        commands.insert(100, {"c": "no_such_command", "cid": "bad"})
+        for header in commands:
+            wire.send(header)
+        replies = [wire.recv() for _ in commands]
+        assert [reply.header["cid"] for reply in replies] == [h["cid"] for h in commands]
+        assert "unknown command" in replies[100].header["reason"]
+
+
+def _running_kind(gateway: Gateway) -> str:
+    return "uvloop" if isinstance(gateway.loop, uvloop.Loop) else "asyncio"
