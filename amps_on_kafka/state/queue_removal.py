@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
+from amps_on_kafka.native import core
 from amps_on_kafka.state.queue_types import (
     ACK,
     IN_QUEUE,
@@ -30,6 +31,7 @@ from amps_on_kafka.state.queue_types import (
     QueueEvent,
     Reason,
     Status,
+    Subscription,
     evaluate,
 )
 
@@ -40,6 +42,15 @@ class Removal:
     """The acknowledgement, time and removal part of QueueState (its attributes are set
     by QueueState.__init__)."""
 
+    # The compiled core's common case of `ack` (native/src/queue_acks.rs): leased
+    # messages acked by their holder, with no barrier and no TargetQueueDepth to mind. It
+    # stops at the first message it leaves to the loop below; None without the core.
+    _acks_compiled: Callable[[Any, list[MessageId], int, Hashable], tuple[int, int]] | None = (
+        core.AckApplier(QueueEntry, Subscription, QueueEvent, (LEASED, REMOVED, REMOVE, ACK)).apply
+        if core is not None
+        else None
+    )
+
     # -- acknowledgement ----------------------------------------------------------------
     def ack(self, messages: Iterable[MessageId], session: Hashable) -> AckResult:
         """sow_delete by bookmark: each message is processed and leaves the queue.
@@ -49,7 +60,17 @@ class Removal:
         TargetQueueDepth) is remembered and honoured when the message arrives (seed 001).
         """
         acked, refused = 0, []
-        for message in messages:
+        messages = messages if type(messages) is list else list(messages)
+        at, count = 0, len(messages)
+        while at < count:
+            compiled = self._acks_compiled
+            if compiled is not None and self._barrier is None and self.policy.target_depth is None:
+                done, at = compiled(self, messages, at, session)
+                acked += done
+                if at == count:
+                    break
+            message = messages[at]
+            at += 1
             entry = self.entries.get(message)
             if entry is None:
                 acked += self._ack_absent(message, session)

@@ -10,6 +10,7 @@ mod frame_buffer;
 mod frames;
 mod lookups;
 mod publish;
+mod queue_acks;
 mod queue_entries;
 mod queue_messages;
 mod queue_store;
@@ -35,5 +36,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     queue_entries::register(m)?;
     queue_store::register(m)?;
     queue_messages::register(m)?;
+    queue_acks::register(m)?;
     Ok(())
 }

@@ -32,13 +32,13 @@ const SLOTS: [&str; 10] = [
 ];
 
 /// Where a class stores the named slots.
-struct Layout<const N: usize> {
+pub(crate) struct Layout<const N: usize> {
     cls: Py<PyType>,
-    at: [isize; N],
+    pub(crate) at: [isize; N],
 }
 
 impl<const N: usize> Layout<N> {
-    fn new(cls: &Bound<PyType>, names: [&str; N]) -> PyResult<Self> {
+    pub(crate) fn new(cls: &Bound<PyType>, names: [&str; N]) -> PyResult<Self> {
         check_layout(cls)?;
         let mut at = [0; N];
         for (place, name) in at.iter_mut().zip(names) {
@@ -51,7 +51,7 @@ impl<const N: usize> Layout<N> {
     }
 
     /// The slots of `object` if it is an instance of the class exactly and all are set.
-    fn read<'py>(&self, object: &Bound<'py, PyAny>) -> Option<[Bound<'py, PyAny>; N]> {
+    pub(crate) fn read<'py>(&self, object: &Bound<'py, PyAny>) -> Option<[Bound<'py, PyAny>; N]> {
         let py = object.py();
         if !object.get_type().is(self.cls.bind(py)) {
             return None;

@@ -452,7 +452,7 @@ pub(crate) unsafe fn read(object: &Bound<PyAny>, at: isize) -> *mut ffi::PyObjec
 /// Stores `value` (a new reference) in the slot at `at`, releasing what it held.
 ///
 /// SAFETY: as for `read`.
-unsafe fn replace(object: &Bound<PyAny>, at: isize, value: &Bound<PyAny>) {
+pub(crate) unsafe fn replace(object: &Bound<PyAny>, at: isize, value: &Bound<PyAny>) {
     let slot = (object.as_ptr() as *mut u8).offset(at) as *mut *mut ffi::PyObject;
     let old = *slot;
     *slot = value.clone().into_ptr();

@@ -1,0 +1,185 @@
+"""The compiled applier of a queue's acks (native/src/queue_acks.rs) against its Python
+twin (state/queue_removal.py `Removal.ack`'s own loop, what runs without the core).
+
+The applier changes the state machine's own structures, so two queues, one with it and
+one without, are driven through the same random sequences of everything that can happen
+to a queue (the policies of test_state_properties: priorities, barriers, fairness,
+TargetQueueDepth, MaxDeliveries, MaxCancels, at-most-once, permissive leasing), and after
+every step all they hold and all they answered must be the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.state.queue import QueueState
+from amps_on_kafka.state.queue_types import QueueEntry, QueuePolicy, Subscription
+from tests.queues.helpers import FakeClock, message
+from tests.queues.test_state_properties import FILTERS, LEASE_MS, PARTITIONS, SESSIONS, policies
+
+
+class TwinState(QueueState):
+    """The state machine without the compiled core's acks."""
+
+    _acks_compiled = None
+
+
+def test_the_compiled_applier_is_in_use():
+    assert QueueState._acks_compiled is not None
+    assert type(QueueState._acks_compiled.__self__).__name__ == "AckApplier"
+
+
+def snapshot(state: QueueState) -> dict[str, Any]:
+    """Everything a state holds that an ack can change, by value and in order."""
+    name = lambda sub: None if sub is None else sub.sub_id  # noqa: E731
+    entries = [
+        (key, e.id, e.status, name(e.holder), e.deliveries, e.cancels, e.lease_until)
+        for key, e in state.entries.items()
+    ]
+    box = state.outbox.take()
+    return {
+        "entries": entries,
+        "taken": list(state._taken),
+        "dirty": [(key, e.id, e.status) for key, e in state.take_dirty()[0].items()],
+        "active": state._active,
+        "leases": list(state._leases),
+        "leased": {name(s): list(held) for s, held in state._leased.items()},
+        "outstanding": [(s.sub_id, s.outstanding) for s in state.subscriptions],
+        "barrier": state._barrier and state._barrier.id,
+        "deliveries": [(name(d.subscription), d.entry.id, d.lease_until) for d in box.deliveries],
+        "events": [(type(e), tuple(e)) for e in box.events],
+        "dead": [e.id for e in box.dead_letters],
+    }
+
+
+class AckMachine(RuleBasedStateMachine):
+    @initialize(policy=policies(), plain=st.integers(0, 3))
+    def start(self, policy: QueuePolicy, plain: int) -> None:
+        if plain:  # mostly a queue where the compiled applier may act (it leaves others)
+            policy = replace(policy, barrier=None, target_depth=None, at_most_once=False)
+        self.clock = FakeClock()
+        self.states = [QueueState(policy, self.clock), TwinState(policy, self.clock)]
+        for state in self.states:
+            for partition in PARTITIONS:
+                state.start_at(("orders", partition), 0)
+        self.next_offset = dict.fromkeys(PARTITIONS, 0)
+        self.subs = 0
+
+    def both(self, step) -> None:
+        """The step on each queue: the same answer (or error) and the same state after."""
+        seen = []
+        for state in self.states:
+            try:
+                answer: Any = step(state)
+            except Exception as exc:  # the error, whatever its type, must match
+                answer = (type(exc), str(exc))
+            state.dispatch()
+            seen.append((answer, snapshot(state)))
+        assert seen[0] == seen[1]
+
+    @rule(
+        partition=st.sampled_from(PARTITIONS),
+        fields=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1)), min_size=1, max_size=6),
+    )
+    def publish(self, partition, fields) -> None:
+        for p, f in fields:
+            offset = self.next_offset[partition]
+            self.next_offset[partition] += 1
+            data = {"p": p, "f": f, "b": int(offset % 5 == 4)}
+            entry = partial(message, offset, data, partition=partition, timestamp=self.clock.now)
+            self.both(lambda s: s.enqueue(entry()))  # noqa: B023
+
+    @rule(
+        backlog=st.integers(1, 6),
+        session=st.sampled_from(SESSIONS),
+        text=st.sampled_from(FILTERS),
+    )
+    def subscribe(self, backlog, session, text) -> None:
+        self.subs += 1
+        flt = compile_filter(text).matches if text else None
+        sub_id = f"sub{self.subs}"
+        self.both(lambda s: s.subscribe(Subscription(sub_id, session, flt, backlog)))
+
+    @precondition(lambda self: self.states[0].subscriptions)
+    @rule(data=st.data())
+    def unsubscribe(self, data) -> None:
+        at = data.draw(st.integers(0, len(self.states[0].subscriptions) - 1))
+        self.both(lambda s: s.unsubscribe(s.subscriptions[at]))
+
+    @rule(
+        data=st.data(),
+        verb=st.sampled_from(["ack", "ack", "ack", "cancel"]),
+        session=st.sampled_from(SESSIONS),
+    )
+    def acknowledge(self, data, verb, session) -> None:
+        """Mostly messages the session holds, mixed with others it does not (held by
+        another session, available, removed, not read yet), in any order."""
+        holders = sorted({e.holder.session for e in self.states[0].leased()})
+        if holders and data.draw(st.booleans()):
+            session = data.draw(st.sampled_from(holders))
+        held = [e.id for e in self.states[0].leased() if e.holder.session == session]
+        others = [e.id for e in self.states[0].entries.values()] + [
+            ("orders", p, self.next_offset[p] + d) for p in PARTITIONS for d in (-1, 1)
+        ]
+        chosen = data.draw(st.permutations(held)) if held else []
+        for _ in range(data.draw(st.integers(0 if held else 1, 3))):
+            other = data.draw(st.sampled_from(others))
+            chosen.insert(data.draw(st.integers(0, len(chosen))), other)
+        self.both(lambda s: getattr(s, verb)(list(chosen), session))
+
+    @rule(ms=st.integers(0, 2 * LEASE_MS))
+    def time_passes(self, ms) -> None:
+        self.clock.advance(ms)
+        self.both(lambda s: s.tick())
+
+
+TestAcks = AckMachine.TestCase
+TestAcks.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class Touchy(str):
+    """A session whose comparison fails."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError(f"cannot compare {other!r}")
+
+    __hash__ = str.__hash__
+
+
+class Entry(QueueEntry):
+    """A message of another class: left to the twin."""
+
+    __slots__ = ()
+
+
+@pytest.mark.parametrize("odd", ["session", "entry", "generator"])
+def test_errors_and_other_classes_end_as_the_twins(odd: str):
+    """A session whose comparison raises fails both at the same message with the same
+    state behind; an entry of another class and messages given as a generator are
+    acked as the twin acks them."""
+    outcomes = []
+    for cls in (QueueState, TwinState):
+        state = cls(QueuePolicy("Q", max_backlog=10), FakeClock())
+        holder = Subscription("s", Touchy("a") if odd == "session" else "a", max_backlog=10)
+        state.subscribe(holder)
+        make = Entry if odd == "entry" else QueueEntry
+        for offset in range(4):
+            state.enqueue(make(("orders", 0, offset), 1, b"{}"))
+        state.dispatch()
+        ids = [("orders", 0, offset) for offset in (2, 0, 3, 1)]
+        try:
+            answer: Any = state.ack(iter(ids) if odd == "generator" else ids, "a")
+        except RuntimeError as exc:
+            answer = str(exc)
+        outcomes.append((answer, snapshot(state)))
+    assert outcomes[0] == outcomes[1]
+    expect = "cannot compare 'a'" if odd == "session" else 4
+    assert outcomes[0][0] == expect or outcomes[0][0].acked == expect
