@@ -40,7 +40,7 @@ from amps_on_kafka.log.controls import (
     parse_options,
     resume_bookmark,
 )
-from amps_on_kafka.log.message import BATCH, COMPLETED, LogMessage, RecordMessage
+from amps_on_kafka.log.message import BATCH, COMPLETED, READ_BATCH, LogMessage, RecordMessage
 from amps_on_kafka.log.replay import Replay
 
 
@@ -170,7 +170,7 @@ class BookmarkSubscription:
                     return
                 self._fresh = False
                 for item in self.feed.items:
-                    if item.__class__ is BATCH:
+                    if item.__class__ is BATCH or item.__class__ is READ_BATCH:
                         for message in item:
                             message.sub_id = sub_id
                             yield message

@@ -245,6 +245,11 @@ def log_producer(bootstrap: str, **overrides: Any) -> Producer:
 
 def reader(bootstrap: str, **overrides: Any) -> Consumer:
     """A consumer for assign-and-seek reading: no group membership, no commits."""
+    return Consumer(reader_config(bootstrap, **overrides))
+
+
+def reader_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """reader()'s configuration (a replay's compiled reader takes it too)."""
     config = {
         **client_config(bootstrap),
         "group.id": f"amps-reader-{uuid.uuid4().hex}",
@@ -257,7 +262,7 @@ def reader(bootstrap: str, **overrides: Any) -> Consumer:
         **CONSUMER_TUNING,
     }
     config.update(overrides)
-    return Consumer(config)
+    return config
 
 
 def partitions_of(client: AdminClient | Consumer | Producer, topic: str) -> list[int]:

@@ -228,7 +228,7 @@ class LogMessage(Message):
         """EnvelopeError when they don't read, every time, without asking the Message
         again (see headers_of: a second headers() call can crash the process)."""
         headers = self._headers
-        if isinstance(headers, KafkaRecord):
+        if isinstance(headers, _RECORDS):
             try:
                 headers = self._headers = headers_of(headers)
             except EnvelopeError as exc:
@@ -424,21 +424,30 @@ class _BuiltOneByOne:
         return RecordMessage(records[read], self._codec)
 
 
-def _compiled_builder() -> Callable[[list[KafkaRecord], Codec], _BuiltOneByOne] | None:
+def _compiled_builder() -> Any:
     """The compiled builder, given the slots RecordMessage's constructor fills: the record
     (read lazily through `_record` and `_headers`), its payload and codec, and the
     values every message starts with (the differential test holds the two alike)."""
     if core is None:
         return None
     starts = [("_envelope", None), ("_data", _UNSET), ("computed_key", None), ("sub_id", None)]
-    builder = core.RecordBuilder(RecordMessage, ["_record", "_headers"], "raw", "codec", starts)
-    return cast(Callable[[list[KafkaRecord], Codec], _BuiltOneByOne], builder.build)
+    return core.RecordBuilder(RecordMessage, ["_record", "_headers"], "raw", "codec", starts)
 
 
-record_messages = _compiled_builder() or _BuiltOneByOne
+# Also what a replay's compiled reader makes its messages with (log/native_reader.py).
+RECORD_BUILDER = _compiled_builder()
+record_messages = cast(
+    Callable[[list[KafkaRecord], Codec], _BuiltOneByOne],
+    _BuiltOneByOne if RECORD_BUILDER is None else RECORD_BUILDER.build,
+)
 # What record_messages returns: a replay asked for batches hands a batch over as one of
-# these instead of message by message (Replay.ticking).
+# these instead of message by message (Replay.ticking); READ_BATCH is the compiled
+# reader's batch, handed over alike.
 BATCH = _BuiltOneByOne if core is None else core.Built
+READ_BATCH = getattr(core, "ReadBatch", None)  # None before the core had the reader
+# What a message's `_headers` holds until they are read: the consumed record, confluent-
+# kafka's or the compiled reader's.
+_RECORDS = (KafkaRecord, getattr(core, "Record", KafkaRecord))
 
 if core is not None:  # the same getter without a Python frame (native/src/records.rs)
     LogMessage.data = core.LazyData(  # type: ignore[method-assign]

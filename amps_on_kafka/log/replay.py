@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from amps_on_kafka.errors import InvalidBookmark, MessageError, TransportError, UnknownTopic
 from amps_on_kafka.expr.patterns import PatternError, compile_pattern
@@ -26,15 +26,22 @@ from amps_on_kafka.log.bookmarks import (
     watermarks,
 )
 from amps_on_kafka.log.codecs import Codec
-from amps_on_kafka.log.kafka import consume_available, partitions_of, reader, topic_names
+from amps_on_kafka.log.kafka import (
+    consume_available,
+    partitions_of,
+    reader_config,
+    topic_names,
+)
 from amps_on_kafka.log.message import (
     COMPLETED,
+    RECORD_BUILDER,
     TICK,
     Completed,
     LogMessage,
     RecordMessage,
     record_messages,
 )
+from amps_on_kafka.log.native_reader import native_reader, positions
 from amps_on_kafka.log.registry import TopicRegistry
 
 Predicate = Callable[[Any], bool]
@@ -91,11 +98,16 @@ class Replay:
         self.max_idle = max_idle
         self.finished = False  # reached `until` on every partition: iterating again ends too
         self.batch_size = batch_size
-        self._consumer = reader(bootstrap)
+        config = reader_config(bootstrap)
+        self._consumer = Consumer(config)
+        # The compiled reader (log/native_reader.py) of a replay with nothing to check per
+        # record: it reads the assigned partitions, the consumer only prepares.
+        self._native: Any = None
         try:
             self._prepare(bootstrap, topic, bookmark, until, registry)
+            self._open(config)
         except BaseException:
-            self._consumer.close()
+            self.close()
             raise
 
     def _prepare(self, bootstrap, topic, bookmark, until, registry) -> None:
@@ -114,9 +126,21 @@ class Replay:
         if until is not None:
             self.stops = resolve_stop(self._consumer, marks, parse_bookmark(until), until)
         self._pending = {tp for tp, start in self.starts.items() if start < self.ends[tp]}
-        self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.starts.items()])
+
+    def _open(self, config: dict[str, Any]) -> None:
+        """Start reading from the start offsets: through the compiled reader when there is
+        no filter and no stop (the hot path) and it can read as the consumer does."""
+        plain = self.predicate is None and self.stops is None and RECORD_BUILDER is not None
+        self._native = native_reader(config) if plain else None
+        if self._native is None:
+            self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.starts.items()])
+            return
+        self._native.assign([(t, p, o) for (t, p), o in self.starts.items()])
+        self._consumer.close()  # done preparing: its threads and connections go now
 
     def close(self) -> None:
+        if self._native is not None:
+            self._native.close()
         self._consumer.close()
 
     def __enter__(self) -> Replay:
@@ -149,13 +173,16 @@ class Replay:
             return
         idle_since = time.monotonic()
         codecs, pending = self._codecs, self._pending  # the set _catch_up_gaps empties
-        consumer, batch_size = self._consumer, self.batch_size
+        consumer, batch_size, native = self._consumer, self.batch_size, self._native
         plain = self.predicate is None and self.stops is None  # every record is delivered
         codec = next(iter(codecs.values())) if len(codecs) == 1 else None
         # a filter and no stop: a batch with no end of the replay in it is built at once
         filter_codec = codec if self.predicate is not None and self.stops is None else None
         while True:
-            records = consume_available(consumer, batch_size, 0.2)
+            if native is not None:
+                records = native.consume(batch_size, 0.2, RECORD_BUILDER, codec)
+            else:
+                records = consume_available(consumer, batch_size, 0.2)
             if not records:
                 if not self._idle_over(idle_since):
                     if pending and self._catch_up_gaps():
@@ -167,7 +194,9 @@ class Replay:
                 # end of replay in this batch, so nothing to check per record. One codec:
                 # the batch's messages are built in one call, up to a record that is an
                 # error, and the loop below goes on from that one.
-                if codec is not None:
+                if native is not None:
+                    records = yield from self._read(records, codec, batches)
+                elif codec is not None:
                     built = record_messages(records, codec)
                     if batches:
                         yield built
@@ -182,6 +211,8 @@ class Replay:
                 if not self._idle_over(idle_since):
                     continue
             else:
+                if native is not None:
+                    records = records.records(KafkaError)
                 if filter_codec is not None and not (pending and self._batch_reaches_an_end()):
                     batch = self._filtered(records, filter_codec)
                 else:
@@ -245,25 +276,44 @@ class Replay:
             yielded = (yield from self._checked(rest)) or yielded
         return yielded
 
+    def _read(
+        self, batch: Any, codec: Codec | None, batches: bool
+    ) -> Generator[LogMessage | object, None, list[Any]]:
+        """A batch of the compiled reader delivered: its messages (the batch itself first
+        if the reader takes batches; what it left of it after), up to a record that is an
+        error, raised as a consumer's is. Without one codec, the records to build."""
+        if codec is not None:
+            if batches:
+                yield batch
+            yield from batch
+            if batch.error is not None:
+                _raise_consumer_error(KafkaError(*batch.error))
+        records: list[Any] = batch.records(KafkaError)
+        return records
+
     def _batch_reaches_an_end(self) -> bool:
         """Whether the batch just consumed holds the last replayed record of a partition.
 
         The consumer's position is past the batch's records, so a batch that reaches
         no end offset is delivered without an end check per record.
         """
-        current = self._consumer.position([TopicPartition(t, p) for t, p in self._pending])
         ends = self.ends
-        return any(tp.offset >= ends[(tp.topic, tp.partition)] for tp in current)
+        return any(offset >= ends[tp] for tp, offset in self._positions(list(self._pending)))
+
+    def _positions(self, partitions: list[TP]) -> list[tuple[TP, int]]:
+        """Each partition's position: the offset after its last consumed record."""
+        if self._native is not None:
+            return positions(self._native, partitions)
+        current = self._consumer.position([TopicPartition(t, p) for t, p in partitions])
+        return [((tp.topic, tp.partition), tp.offset) for tp in current]
 
     def _idle_over(self, idle_since: float) -> bool:
         return self.max_idle is not None and time.monotonic() - idle_since > self.max_idle
 
     def _catch_up_gaps(self) -> bool:
         """Offsets with no record (compaction, control records) still count as read."""
-        current = self._consumer.position([TopicPartition(t, p) for t, p in self._pending])
-        for tp in current:
-            key = (tp.topic, tp.partition)
-            if tp.offset >= self.ends[key]:
+        for key, offset in self._positions(list(self._pending)):
+            if offset >= self.ends[key]:
                 self._pending.discard(key)
         return not self._pending
 

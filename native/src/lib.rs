@@ -14,6 +14,7 @@ mod queue_acks;
 mod queue_entries;
 mod queue_messages;
 mod queue_store;
+mod rdkafka_reader;
 mod records;
 mod scans;
 mod staging;
@@ -27,6 +28,7 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     frames::register(m)?;
     frame_buffer::register(m)?;
     records::register(m)?;
+    rdkafka_reader::register(m)?;
     filters::register(m)?;
     acks::register(m)?;
     scans::register(m)?;

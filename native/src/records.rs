@@ -98,7 +98,7 @@ pub(crate) unsafe fn put(object: &Bound<PyAny>, at: isize, value: &Bound<PyAny>)
 /// Builds the messages of a consumed batch: instances of one class whose slots hold the
 /// record, its payload, the codec and fixed values.
 #[pyclass(frozen, module = "amps_on_kafka_native")]
-struct RecordBuilder {
+pub(crate) struct RecordBuilder {
     cls: Py<PyType>,
     record_at: Vec<isize>,
     value_at: isize,
@@ -168,7 +168,7 @@ impl RecordBuilder {
 
 impl RecordBuilder {
     /// The message over `record`, which is not an error, and its `value()`.
-    fn message<'py>(
+    pub(crate) fn message<'py>(
         &self,
         record: &Bound<'py, PyAny>,
         value: &Bound<'py, PyAny>,

@@ -1,0 +1,80 @@
+"""A replay's reader through librdkafka's C API (native/src/rdkafka_reader.rs).
+
+confluent-kafka's consume copies every record's headers out of librdkafka (a parse and an
+allocation a header) and frees them with its Message, whether anything reads them or not:
+with our three-header envelope, ~2.9k of the ~13.8k instructions a record of the raw loop
+(docs/performance.md, replay). The compiled reader is a consumer of its own on the very
+librdkafka confluent-kafka loaded, and makes a replay's messages straight from librdkafka's
+records, parsing a record's headers only when its headers are read.
+
+It is used only where it reads exactly as confluent-kafka would: the compiled core is
+there, the library is found and is the version confluent-kafka reports, and every setting
+is text librdkafka takes as is (no Python callback). librdkafka's log lines are dropped,
+so while LibrdkafkaLog's logger is on at DEBUG (``--log-level debug``) replays read
+through confluent-kafka, whose lines that logger shows. Anything else: None, and the
+caller reads through confluent-kafka as without the core (AMPS_NATIVE=0).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import confluent_kafka
+
+from amps_on_kafka.log.bookmarks import TP
+from amps_on_kafka.log.kafka import LIBRDKAFKA_LOG
+from amps_on_kafka.native import core
+
+
+def native_reader(config: Mapping[str, Any]) -> Any | None:
+    """A compiled reader (core.RdReader) configured as `config` (log/kafka.reader_config),
+    or None where it would not read as confluent-kafka does."""
+    path = loaded_library()
+    settings = text_settings(config)
+    if core is None or not hasattr(core, "RdReader") or path is None or settings is None:
+        return None
+    try:
+        return core.RdReader(path, confluent_kafka.libversion()[1], settings)
+    except ValueError:  # another librdkafka, or a setting it refuses: confluent-kafka says why
+        return None
+
+
+@cache
+def loaded_library() -> str | None:
+    """The path of the librdkafka this process loaded (confluent-kafka's), None if it is
+    not to be found (no /proc: not Linux)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.rstrip("\n").partition("/")[2]
+                if path and "/librdkafka" in f"/{path}":
+                    return f"/{path}"
+    except OSError:
+        return None
+    return None
+
+
+def text_settings(config: Mapping[str, Any]) -> list[tuple[str, str]] | None:
+    """`config` as librdkafka's text settings, converted as confluent-kafka converts them
+    (True -> "true", numbers by str); None if a value is anything else (a callback), or
+    LibrdkafkaLog must see librdkafka's lines (its logger on at DEBUG)."""
+    settings = []
+    for name, value in config.items():
+        if name == "logger" and value is LIBRDKAFKA_LOG:
+            if LIBRDKAFKA_LOG.logger.isEnabledFor(logging.DEBUG):
+                return None
+        elif isinstance(value, bool):
+            settings.append((name, "true" if value else "false"))
+        elif isinstance(value, (str, int, float)):
+            settings.append((name, str(value)))
+        else:
+            return None
+    return settings
+
+
+def positions(reader: Any, partitions: list[TP]) -> list[tuple[TP, int]]:
+    """Each partition's position (the offset after its last consumed record)."""
+    return list(zip(partitions, reader.position(partitions), strict=True))

@@ -1,0 +1,657 @@
+//! A replay's reader through librdkafka's C API (`amps_on_kafka/log/native_reader.py`).
+//!
+//! confluent-kafka's `consume` detaches every record's headers into Python-owned memory
+//! (`rd_kafka_message_detach_headers`: a parse and an allocation per header) and frees
+//! them with its `Message`, whether anything reads them or not: ~2.9k of the ~13.8k
+//! instructions a record of the raw loop over our records (docs/performance.md). This
+//! reader is its own consumer handle on the librdkafka the confluent-kafka wheel already
+//! loaded (found by path, its version checked), and makes the replay's messages straight
+//! from each `rd_kafka_message_t`: the payload copied, the coordinates read from the public
+//! struct, the headers parsed only when a message's headers are asked for. Each `Record`
+//! keeps its `rd_kafka_message_t` (and through it the handle) until it is freed.
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ptr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use crate::records::RecordBuilder;
+
+/// `RD_KAFKA_RESP_ERR__PARTITION_EOF`: a partition's end, not an error (the replay's rule).
+const PARTITION_EOF: c_int = -191;
+/// `RD_KAFKA_CONSUMER`.
+const CONSUMER: c_int = 1;
+/// `RD_KAFKA_OFFSET_INVALID`: no position yet.
+const OFFSET_INVALID: i64 = -1001;
+
+/// `rd_kafka_message_t`, public and stable in rdkafka.h.
+#[repr(C)]
+struct RawMessage {
+    err: c_int,
+    rkt: *mut c_void,
+    partition: i32,
+    payload: *mut c_void,
+    len: usize,
+    key: *mut c_void,
+    key_len: usize,
+    offset: i64,
+    private: *mut c_void,
+}
+
+/// `rd_kafka_topic_partition_t`.
+#[repr(C)]
+struct RawPartition {
+    topic: *mut c_char,
+    partition: i32,
+    offset: i64,
+    metadata: *mut c_void,
+    metadata_size: usize,
+    opaque: *mut c_void,
+    err: c_int,
+    private: *mut c_void,
+}
+
+/// `rd_kafka_topic_partition_list_t`.
+#[repr(C)]
+struct RawPartitionList {
+    cnt: c_int,
+    size: c_int,
+    elems: *mut RawPartition,
+}
+
+type LogCallback = extern "C" fn(*const c_void, c_int, *const c_char, *const c_char);
+
+/// The few librdkafka functions the reader calls, found in the loaded library.
+struct Api {
+    version: extern "C" fn() -> c_int,
+    conf_new: extern "C" fn() -> *mut c_void,
+    conf_set: extern "C" fn(*mut c_void, *const c_char, *const c_char, *mut c_char, usize) -> c_int,
+    conf_set_log_cb: extern "C" fn(*mut c_void, LogCallback),
+    conf_destroy: extern "C" fn(*mut c_void),
+    new: extern "C" fn(c_int, *mut c_void, *mut c_char, usize) -> *mut c_void,
+    poll_set_consumer: extern "C" fn(*mut c_void) -> c_int,
+    queue_get_consumer: extern "C" fn(*mut c_void) -> *mut c_void,
+    queue_destroy: extern "C" fn(*mut c_void),
+    consume_batch_queue: extern "C" fn(*mut c_void, c_int, *mut *mut RawMessage, usize) -> isize,
+    message_destroy: extern "C" fn(*mut RawMessage),
+    message_headers: extern "C" fn(*const RawMessage, *mut *mut c_void) -> c_int,
+    header_get_all: extern "C" fn(
+        *const c_void,
+        usize,
+        *mut *const c_char,
+        *mut *const c_void,
+        *mut usize,
+    ) -> c_int,
+    message_timestamp: extern "C" fn(*const RawMessage, *mut c_int) -> i64,
+    topic_name: extern "C" fn(*const c_void) -> *const c_char,
+    list_new: extern "C" fn(c_int) -> *mut RawPartitionList,
+    list_add: extern "C" fn(*mut RawPartitionList, *const c_char, i32) -> *mut RawPartition,
+    list_destroy: extern "C" fn(*mut RawPartitionList),
+    assign: extern "C" fn(*mut c_void, *const RawPartitionList) -> c_int,
+    position: extern "C" fn(*mut c_void, *mut RawPartitionList) -> c_int,
+    err2str: extern "C" fn(c_int) -> *const c_char,
+    consumer_close: extern "C" fn(*mut c_void) -> c_int,
+    destroy: extern "C" fn(*mut c_void),
+}
+
+/// The library, loaded once (the first path given; confluent-kafka loads one).
+static API: OnceLock<Result<Api, String>> = OnceLock::new();
+
+/// The address of `name` in `library`, as a function pointer of type `T`.
+///
+/// SAFETY: `T` must be the C signature of `name` (the declarations above are rdkafka.h's).
+unsafe fn symbol<T: Copy>(library: *mut c_void, name: &str) -> Result<T, String> {
+    let cname = CString::new(format!("rd_kafka_{name}")).expect("no NUL in a symbol name");
+    let found = libc::dlsym(library, cname.as_ptr());
+    if found.is_null() {
+        return Err(format!("rd_kafka_{name} is not in the library"));
+    }
+    Ok(std::mem::transmute_copy(&found))
+}
+
+fn load(path: &str) -> Result<Api, String> {
+    let cpath = CString::new(path).map_err(|_| "a NUL in the library's path".to_string())?;
+    // SAFETY: dlopen of a path; the library stays loaded (never dlclose'd).
+    let library = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if library.is_null() {
+        return Err(format!("{path} does not load"));
+    }
+    // SAFETY: each type is the function's signature in rdkafka.h.
+    unsafe {
+        Ok(Api {
+            version: symbol(library, "version")?,
+            conf_new: symbol(library, "conf_new")?,
+            conf_set: symbol(library, "conf_set")?,
+            conf_set_log_cb: symbol(library, "conf_set_log_cb")?,
+            conf_destroy: symbol(library, "conf_destroy")?,
+            new: symbol(library, "new")?,
+            poll_set_consumer: symbol(library, "poll_set_consumer")?,
+            queue_get_consumer: symbol(library, "queue_get_consumer")?,
+            queue_destroy: symbol(library, "queue_destroy")?,
+            consume_batch_queue: symbol(library, "consume_batch_queue")?,
+            message_destroy: symbol(library, "message_destroy")?,
+            message_headers: symbol(library, "message_headers")?,
+            header_get_all: symbol(library, "header_get_all")?,
+            message_timestamp: symbol(library, "message_timestamp")?,
+            topic_name: symbol(library, "topic_name")?,
+            list_new: symbol(library, "topic_partition_list_new")?,
+            list_add: symbol(library, "topic_partition_list_add")?,
+            list_destroy: symbol(library, "topic_partition_list_destroy")?,
+            assign: symbol(library, "assign")?,
+            position: symbol(library, "position")?,
+            err2str: symbol(library, "err2str")?,
+            consumer_close: symbol(library, "consumer_close")?,
+            destroy: symbol(library, "destroy")?,
+        })
+    }
+}
+
+/// librdkafka's log lines, dropped: the Python side uses this reader only while the
+/// `amps_on_kafka.librdkafka` logger would drop them too (LibrdkafkaLog below DEBUG).
+extern "C" fn drop_log(_: *const c_void, _: c_int, _: *const c_char, _: *const c_char) {}
+
+fn text(at: *const c_char) -> String {
+    if at.is_null() {
+        return String::new();
+    }
+    // SAFETY: librdkafka's texts are NUL-terminated.
+    unsafe { CStr::from_ptr(at) }.to_string_lossy().into_owned()
+}
+
+/// One consumer handle. Destroyed when the reader and every record it made are gone:
+/// librdkafka wants every message destroyed before its handle.
+struct Handle {
+    api: &'static Api,
+    rk: *mut c_void,
+    queue: *mut c_void,
+    /// Whether `consumer_close` was called; held while librdkafka is asked for records,
+    /// so a close waits for a consume in flight (at most its timeout).
+    closed: Mutex<bool>,
+}
+
+// SAFETY: librdkafka's handles may be used from any thread; `closed` orders close and
+// consume.
+unsafe impl Send for Handle {}
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    fn error(&self, err: c_int, what: &str) -> PyErr {
+        PyRuntimeError::new_err(format!("{what}: {}", text((self.api.err2str)(err))))
+    }
+
+    /// A partition list of `partitions`, each at `offset` when given.
+    fn list(&self, partitions: &[(String, i32, i64)]) -> PyResult<PartitionList> {
+        let list = PartitionList {
+            api: self.api,
+            raw: (self.api.list_new)(partitions.len() as c_int),
+        };
+        for (topic, partition, offset) in partitions {
+            let topic = CString::new(topic.as_str())
+                .map_err(|_| PyValueError::new_err("a NUL in a topic name"))?;
+            let added = (self.api.list_add)(list.raw, topic.as_ptr(), *partition);
+            // SAFETY: list_add returns the new element, inside the list.
+            unsafe { (*added).offset = *offset };
+        }
+        Ok(list)
+    }
+
+    /// Up to `max` records into `into`, waiting up to `timeout_ms`.
+    fn consume(&self, timeout_ms: c_int, max: usize, into: &mut Consumed) -> isize {
+        let into = &mut into.0;
+        let start = into.len();
+        into.reserve(max);
+        // SAFETY: room for `max` pointers past `start`; librdkafka writes at most `max`.
+        unsafe {
+            let got = (self.api.consume_batch_queue)(
+                self.queue,
+                timeout_ms,
+                into.as_mut_ptr().add(start),
+                max,
+            );
+            into.set_len(start + got.max(0) as usize);
+            got
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let closed = *self.closed.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !closed {
+            (self.api.consumer_close)(self.rk);
+        }
+        (self.api.queue_destroy)(self.queue);
+        (self.api.destroy)(self.rk);
+    }
+}
+
+struct PartitionList {
+    api: &'static Api,
+    raw: *mut RawPartitionList,
+}
+
+impl PartitionList {
+    fn offsets(&self) -> Vec<i64> {
+        // SAFETY: `cnt` elements from `elems`.
+        unsafe {
+            let list = &*self.raw;
+            (0..list.cnt as usize)
+                .map(|i| (*list.elems.add(i)).offset)
+                .collect()
+        }
+    }
+}
+
+impl Drop for PartitionList {
+    fn drop(&mut self) {
+        (self.api.list_destroy)(self.raw);
+    }
+}
+
+/// A consumer of its own on librdkafka, configured as `log/kafka.py`'s `reader()`.
+#[pyclass(frozen, module = "amps_on_kafka_native")]
+struct RdReader {
+    handle: Arc<Handle>,
+}
+
+#[pymethods]
+impl RdReader {
+    /// The library at `path` (the one confluent-kafka loaded), which must be version
+    /// `version` (confluent_kafka.libversion()[1]), and the configuration as text.
+    /// ValueError when the library or a setting is refused (the caller falls back).
+    #[new]
+    fn new(path: &str, version: i32, config: Vec<(String, String)>) -> PyResult<Self> {
+        let api = API
+            .get_or_init(|| load(path))
+            .as_ref()
+            .map_err(|e| PyValueError::new_err(e.clone()))?;
+        if (api.version)() != version {
+            return Err(PyValueError::new_err(format!(
+                "librdkafka is version {:#x}, not {version:#x}",
+                (api.version)()
+            )));
+        }
+        let conf = (api.conf_new)();
+        let mut errstr = [0 as c_char; 512];
+        for (name, value) in &config {
+            let (cname, cvalue) = match (CString::new(name.as_str()), CString::new(value.as_str()))
+            {
+                (Ok(n), Ok(v)) => (n, v),
+                _ => {
+                    (api.conf_destroy)(conf);
+                    return Err(PyValueError::new_err(format!("a NUL in setting {name:?}")));
+                }
+            };
+            let res = (api.conf_set)(
+                conf,
+                cname.as_ptr(),
+                cvalue.as_ptr(),
+                errstr.as_mut_ptr(),
+                errstr.len(),
+            );
+            if res != 0 {
+                (api.conf_destroy)(conf);
+                return Err(PyValueError::new_err(text(errstr.as_ptr())));
+            }
+        }
+        (api.conf_set_log_cb)(conf, drop_log);
+        let rk = (api.new)(CONSUMER, conf, errstr.as_mut_ptr(), errstr.len());
+        if rk.is_null() {
+            (api.conf_destroy)(conf);
+            return Err(PyValueError::new_err(text(errstr.as_ptr())));
+        }
+        (api.poll_set_consumer)(rk);
+        let handle = Handle {
+            api,
+            rk,
+            queue: (api.queue_get_consumer)(rk),
+            closed: Mutex::new(false),
+        };
+        Ok(Self {
+            handle: Arc::new(handle),
+        })
+    }
+
+    /// Read `partitions` (topic, partition, offset) from those offsets.
+    fn assign(&self, partitions: Vec<(String, i32, i64)>) -> PyResult<()> {
+        let list = self.handle.list(&partitions)?;
+        match (self.handle.api.assign)(self.handle.rk, list.raw) {
+            0 => Ok(()),
+            err => Err(self.handle.error(err, "assign")),
+        }
+    }
+
+    /// The position (the offset after the last record consumed) of each (topic,
+    /// partition); -1001 where nothing was consumed yet.
+    fn position(&self, partitions: Vec<(String, i32)>) -> PyResult<Vec<i64>> {
+        let wanted: Vec<_> = partitions
+            .into_iter()
+            .map(|(t, p)| (t, p, OFFSET_INVALID))
+            .collect();
+        let list = self.handle.list(&wanted)?;
+        match (self.handle.api.position)(self.handle.rk, list.raw) {
+            0 => Ok(list.offsets()),
+            err => Err(self.handle.error(err, "position")),
+        }
+    }
+
+    /// What is there now, up to `max` records; waits up to `timeout` seconds (the GIL
+    /// released) only when nothing is (consume_available's rule). The records become
+    /// `builder`'s messages with `codec` as the batch is iterated.
+    fn consume(
+        &self,
+        py: Python,
+        max: usize,
+        timeout: f64,
+        builder: Py<RecordBuilder>,
+        codec: Py<PyAny>,
+    ) -> PyResult<ReadBatch> {
+        let handle = &self.handle;
+        let mut raw = Consumed(Vec::new());
+        let closed = py.detach(|| {
+            let closed = handle.closed.lock().unwrap_or_else(|e| e.into_inner());
+            if *closed || max == 0 {
+                return *closed;
+            }
+            if handle.consume(0, max, &mut raw) <= 0
+                && handle.consume((timeout * 1000.0) as c_int, 1, &mut raw) > 0
+            {
+                handle.consume(0, max - 1, &mut raw);
+            }
+            false
+        });
+        let batch = ReadBatch {
+            handle: handle.clone(),
+            raw: Messages(raw.0.into()),
+            builder,
+            codec,
+            topics: Vec::new(),
+            error: None,
+        };
+        if closed {
+            return Err(PyRuntimeError::new_err("the reader is closed"));
+        }
+        Ok(batch)
+    }
+
+    /// Leave the partitions and stop fetching (the GIL released; waits for a consume in
+    /// flight). The handle is destroyed once the last record it made is freed.
+    fn close(&self, py: Python) {
+        let handle = &self.handle;
+        py.detach(|| {
+            let mut closed = handle.closed.lock().unwrap_or_else(|e| e.into_inner());
+            if !*closed {
+                *closed = true;
+                (handle.api.consumer_close)(handle.rk);
+            }
+        });
+    }
+}
+
+/// Messages librdkafka is filling in (the GIL released).
+struct Consumed(Vec<*mut RawMessage>);
+
+// SAFETY: librdkafka messages may be handled from any thread.
+unsafe impl Send for Consumed {}
+
+/// Consumed messages not made into Python objects yet, destroyed with the batch.
+struct Messages(VecDeque<*mut RawMessage>);
+
+// SAFETY: librdkafka messages may be destroyed from any thread.
+unsafe impl Send for Messages {}
+unsafe impl Sync for Messages {}
+
+/// A consumed batch: iterated, its messages up to the first record that is an error
+/// (`error` then holds its code and text); `records()` gives what is left as records.
+#[pyclass(module = "amps_on_kafka_native")]
+struct ReadBatch {
+    handle: Arc<Handle>,
+    raw: Messages,
+    builder: Py<RecordBuilder>,
+    codec: Py<PyAny>,
+    /// Topic names as Python text, by librdkafka topic handle: one per topic a batch.
+    topics: Vec<(usize, Py<PyString>)>,
+    #[pyo3(get)]
+    error: Option<(i32, String)>,
+}
+
+impl ReadBatch {
+    fn topic(&mut self, py: Python, rkt: *mut c_void) -> Py<PyString> {
+        if let Some((_, name)) = self.topics.iter().find(|(at, _)| *at == rkt as usize) {
+            return name.clone_ref(py);
+        }
+        let name = PyString::new(py, &text((self.handle.api.topic_name)(rkt))).unbind();
+        self.topics.push((rkt as usize, name.clone_ref(py)));
+        name
+    }
+
+    /// The record over `raw`, which it now owns, and its payload.
+    fn record<'py>(
+        &mut self,
+        py: Python<'py>,
+        raw: *mut RawMessage,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        // SAFETY: a message librdkafka returned, not destroyed yet.
+        let message = unsafe { &*raw };
+        let value = bytes_or_none(py, message.payload, message.len);
+        let topic = self.topic(py, message.rkt);
+        let record = Record {
+            handle: self.handle.clone(),
+            raw: RawPtr(raw),
+            topic,
+            value: value.clone().unbind(),
+        };
+        Ok((Bound::new(py, record)?.into_any(), value))
+    }
+}
+
+#[pymethods]
+impl ReadBatch {
+    fn __len__(&self) -> usize {
+        self.raw.0.len()
+    }
+
+    fn __iter__(slf: PyRef<Self>) -> PyRef<Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        while let Some(&raw) = self.raw.0.front() {
+            // SAFETY: a message librdkafka returned, not destroyed yet.
+            let err = unsafe { (*raw).err };
+            if err == 0 {
+                self.raw.0.pop_front();
+                let (record, value) = self.record(py, raw)?;
+                let builder = self.builder.bind(py).get();
+                return builder
+                    .message(&record, &value, self.codec.bind(py))
+                    .map(Some);
+            }
+            if err != PARTITION_EOF {
+                self.error = Some((err, error_text(self.handle.api, raw)));
+                return Ok(None);
+            }
+            self.raw.0.pop_front();
+            (self.handle.api.message_destroy)(raw);
+        }
+        Ok(None)
+    }
+
+    /// What is left of the batch as records (confluent-kafka `Message`'s methods a
+    /// replay reads), an error one included: `kafka_error(code, text)` is its `error()`.
+    fn records<'py>(
+        &mut self,
+        py: Python<'py>,
+        kafka_error: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let records = PyList::empty(py);
+        while let Some(raw) = self.raw.0.pop_front() {
+            // SAFETY: as in __next__.
+            let err = unsafe { (*raw).err };
+            if err == 0 {
+                records.append(self.record(py, raw)?.0)?;
+                continue;
+            }
+            if err == PARTITION_EOF {
+                (self.handle.api.message_destroy)(raw);
+                continue;
+            }
+            let error = kafka_error.call1((err, error_text(self.handle.api, raw)))?;
+            (self.handle.api.message_destroy)(raw);
+            records.append(Bound::new(
+                py,
+                Failed {
+                    error: error.unbind(),
+                },
+            )?)?;
+        }
+        Ok(records)
+    }
+}
+
+impl Drop for ReadBatch {
+    fn drop(&mut self) {
+        for raw in self.raw.0.drain(..) {
+            (self.handle.api.message_destroy)(raw);
+        }
+    }
+}
+
+/// `rd_kafka_message_errstr` (inline in rdkafka.h): the message's own text, else the
+/// code's.
+fn error_text(api: &Api, raw: *mut RawMessage) -> String {
+    // SAFETY: a live message; an error message's payload is its text.
+    let message = unsafe { &*raw };
+    if message.payload.is_null() {
+        return text((api.err2str)(message.err));
+    }
+    // SAFETY: `len` bytes at `payload`.
+    let bytes = unsafe { std::slice::from_raw_parts(message.payload as *const u8, message.len) };
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn bytes_or_none(py: Python, at: *const c_void, len: usize) -> Bound<PyAny> {
+    if at.is_null() {
+        return py.None().into_bound(py);
+    }
+    // SAFETY: `len` bytes at `at`, alive while the message is.
+    let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+    PyBytes::new(py, bytes).into_any()
+}
+
+struct RawPtr(*mut RawMessage);
+
+// SAFETY: as for Messages.
+unsafe impl Send for RawPtr {}
+unsafe impl Sync for RawPtr {}
+
+/// A consumed record: the methods of confluent-kafka's `Message` a replay's messages
+/// read, over the `rd_kafka_message_t` it keeps. Its headers are parsed when asked for.
+#[pyclass(frozen, module = "amps_on_kafka_native")]
+struct Record {
+    handle: Arc<Handle>,
+    raw: RawPtr,
+    topic: Py<PyString>,
+    value: Py<PyAny>,
+}
+
+impl Record {
+    fn message(&self) -> &RawMessage {
+        // SAFETY: the record owns the message until it is dropped.
+        unsafe { &*self.raw.0 }
+    }
+}
+
+#[pymethods]
+impl Record {
+    fn error(&self) -> Option<()> {
+        None
+    }
+
+    fn value(&self, py: Python) -> Py<PyAny> {
+        self.value.clone_ref(py)
+    }
+
+    fn key<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        let message = self.message();
+        bytes_or_none(py, message.key, message.key_len)
+    }
+
+    fn topic(&self, py: Python) -> Py<PyString> {
+        self.topic.clone_ref(py)
+    }
+
+    fn partition(&self) -> i32 {
+        self.message().partition
+    }
+
+    fn offset(&self) -> i64 {
+        self.message().offset
+    }
+
+    /// (timestamp type, milliseconds since the epoch), as confluent-kafka gives it.
+    fn timestamp(&self) -> (i32, i64) {
+        let mut kind: c_int = 0;
+        let at = (self.handle.api.message_timestamp)(self.raw.0, &mut kind);
+        (kind, at)
+    }
+
+    /// [(name, value or None)], or None without headers, as confluent-kafka gives them;
+    /// UnicodeDecodeError for a name that is not UTF-8, as its decoding raises it.
+    fn headers<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let api = self.handle.api;
+        let mut headers: *mut c_void = ptr::null_mut();
+        if (api.message_headers)(self.raw.0, &mut headers) != 0 {
+            return Ok(None);
+        }
+        let list = PyList::empty(py);
+        let mut index = 0;
+        loop {
+            let mut name: *const c_char = ptr::null();
+            let mut value: *const c_void = ptr::null();
+            let mut size = 0usize;
+            if (api.header_get_all)(headers, index, &mut name, &mut value, &mut size) != 0 {
+                break;
+            }
+            // SAFETY: a NUL-terminated name, alive with the message.
+            let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+            let name = match std::str::from_utf8(name) {
+                Ok(name) => PyString::new(py, name).into_any(),
+                Err(_) => PyBytes::new(py, name).call_method1("decode", ("utf-8",))?,
+            };
+            let value = bytes_or_none(py, value, size);
+            list.append(PyTuple::new(py, [name, value])?)?;
+            index += 1;
+        }
+        Ok(Some(list))
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        (self.handle.api.message_destroy)(self.raw.0);
+    }
+}
+
+/// A record that is an error: `error()` is the KafkaError the replay raises.
+#[pyclass(frozen, module = "amps_on_kafka_native")]
+struct Failed {
+    error: Py<PyAny>,
+}
+
+#[pymethods]
+impl Failed {
+    fn error(&self, py: Python) -> Py<PyAny> {
+        self.error.clone_ref(py)
+    }
+}
+
+pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
+    m.add_class::<RdReader>()?;
+    m.add_class::<ReadBatch>()?;
+    m.add_class::<Record>()?;
+    m.add_class::<Failed>()
+}
