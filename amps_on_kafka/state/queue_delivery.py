@@ -11,8 +11,10 @@ Pure, as the rest of the state machine: no I/O, the clock is injected.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
+from amps_on_kafka.native import core
 from amps_on_kafka.state.queue_types import (
     AVAILABLE,
     LEASED,
@@ -30,6 +32,16 @@ from amps_on_kafka.state.ready_queue import ReadyQueue, pop_first
 class Delivering:
     """The subscription and delivery part of QueueState (its attributes are set by
     QueueState.__init__)."""
+
+    # The compiled core's common case of `dispatch` (native/src/queue_dispatch.rs):
+    # messages in arrival order leased to subscriptions that want them all, when
+    # `_plain_dispatch`. It stops where the loop of `dispatch` must go on; None without
+    # the core.
+    _dispatch_compiled: Callable[[Any, list[Subscription], int], None] | None = (
+        core.Dispatcher(QueueEntry, Subscription, ReadyQueue, Delivery, (AVAILABLE, LEASED)).run
+        if core is not None
+        else None
+    )
 
     # -- subscriptions --------------------------------------------------------------
     def subscribe(self, subscription: Subscription) -> None:
@@ -78,6 +90,9 @@ class Delivering:
         to the subscription the queue's fairness picks among those with room that want it."""
         open_subs = [s for s in self.subscriptions if s.has_room]
         now = self.clock()  # one reading for the dispatch's leases
+        compiled = self._dispatch_compiled
+        if compiled is not None and open_subs and self._plain_dispatch(open_subs):
+            compiled(self, open_subs, now)  # what it leaves, the loop below delivers
         sources = self._sources(open_subs)
         while open_subs:
             entry = pop_first(sources)
@@ -93,6 +108,17 @@ class Delivering:
             if not chosen.has_room:
                 open_subs.remove(chosen)
                 sources = self._sources(open_subs)
+
+    def _plain_dispatch(self, open_subs: list[Subscription]) -> bool:
+        """Whether the compiled dispatch may act: nothing parked, subscriptions that want
+        every message, a fairness that keeps no turn, and no delivery to record."""
+        policy = self.policy
+        return (
+            not self._parked
+            and policy.fairness != "round-robin"
+            and not policy.records_deliveries
+            and all(s.filter is None for s in open_subs)
+        )
 
     def _sources(self, open_subs: list[Subscription]) -> list[ReadyQueue]:
         """Where the next message for `open_subs` can be: the ready queue, and the parked

@@ -11,6 +11,7 @@ mod frames;
 mod lookups;
 mod publish;
 mod queue_acks;
+mod queue_dispatch;
 mod queue_entries;
 mod queue_messages;
 mod queue_store;
@@ -39,5 +40,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     queue_store::register(m)?;
     queue_messages::register(m)?;
     queue_acks::register(m)?;
+    queue_dispatch::register(m)?;
     Ok(())
 }

@@ -33,7 +33,7 @@ const SLOTS: [&str; 10] = [
 
 /// Where a class stores the named slots.
 pub(crate) struct Layout<const N: usize> {
-    cls: Py<PyType>,
+    pub(crate) cls: Py<PyType>,
     pub(crate) at: [isize; N],
 }
 

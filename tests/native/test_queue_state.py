@@ -1,11 +1,13 @@
-"""The compiled applier of a queue's acks (native/src/queue_acks.rs) against its Python
-twin (state/queue_removal.py `Removal.ack`'s own loop, what runs without the core).
+"""The compiled parts of the queue state machine against their Python twins: the
+applier of acks (native/src/queue_acks.rs; twin: `Removal.ack`'s own loop) and the
+dispatcher (native/src/queue_dispatch.rs; twin: `Delivering.dispatch`'s own loop), what
+runs without the core.
 
-The applier changes the state machine's own structures, so two queues, one with it and
-one without, are driven through the same random sequences of everything that can happen
-to a queue (the policies of test_state_properties: priorities, barriers, fairness,
-TargetQueueDepth, MaxDeliveries, MaxCancels, at-most-once, permissive leasing), and after
-every step all they hold and all they answered must be the same.
+Both change the state machine's own structures, so two queues, one with them and one
+without, are driven through the same random sequences of everything that can happen to a
+queue (the policies of test_state_properties: priorities, barriers, fairness,
+TargetQueueDepth, MaxDeliveries, MaxCancels, at-most-once, permissive leasing, filters),
+and after every step all they hold and all they answered must be the same.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ from tests.queues.test_state_properties import FILTERS, LEASE_MS, PARTITIONS, SE
 
 
 class TwinState(QueueState):
-    """The state machine without the compiled core's acks."""
+    """The state machine without the compiled core."""
 
     _acks_compiled = None
+    _dispatch_compiled = None
 
 
-def test_the_compiled_applier_is_in_use():
-    assert QueueState._acks_compiled is not None
-    assert type(QueueState._acks_compiled.__self__).__name__ == "AckApplier"
+def test_the_compiled_parts_are_in_use():
+    assert type(QueueState._acks_compiled.__self__).__name__ == "AckApplier"  # type: ignore[union-attr]
+    assert type(QueueState._dispatch_compiled.__self__).__name__ == "Dispatcher"  # type: ignore[union-attr]
 
 
 def snapshot(state: QueueState) -> dict[str, Any]:
@@ -56,15 +59,21 @@ def snapshot(state: QueueState) -> dict[str, Any]:
         "barrier": state._barrier and state._barrier.id,
         "deliveries": [(name(d.subscription), d.entry.id, d.lease_until) for d in box.deliveries],
         "events": [(type(e), tuple(e)) for e in box.events],
+        "ready": [e.id for e in state._ready._in_order]
+        + sorted(i[:2] for i in state._ready._others),
+        "parked": sorted(len(group) for group in state._parked.values()),
         "dead": [e.id for e in box.dead_letters],
     }
 
 
-class AckMachine(RuleBasedStateMachine):
+class StateMachine(RuleBasedStateMachine):
     @initialize(policy=policies(), plain=st.integers(0, 3))
     def start(self, policy: QueuePolicy, plain: int) -> None:
-        if plain:  # mostly a queue where the compiled applier may act (it leaves others)
+        if plain:  # mostly a queue where the compiled parts may act (they leave others)
             policy = replace(policy, barrier=None, target_depth=None, at_most_once=False)
+        if plain > 1:
+            policy = replace(policy, max_deliveries=None)
+        self.plain = plain
         self.clock = FakeClock()
         self.states = [QueueState(policy, self.clock), TwinState(policy, self.clock)]
         for state in self.states:
@@ -104,7 +113,7 @@ class AckMachine(RuleBasedStateMachine):
     )
     def subscribe(self, backlog, session, text) -> None:
         self.subs += 1
-        flt = compile_filter(text).matches if text else None
+        flt = compile_filter(text).matches if text and self.plain < 3 else None
         sub_id = f"sub{self.subs}"
         self.both(lambda s: s.subscribe(Subscription(sub_id, session, flt, backlog)))
 
@@ -141,8 +150,8 @@ class AckMachine(RuleBasedStateMachine):
         self.both(lambda s: s.tick())
 
 
-TestAcks = AckMachine.TestCase
-TestAcks.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestQueueState = StateMachine.TestCase
+TestQueueState.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
 
 class Touchy(str):
