@@ -1,6 +1,7 @@
 """The expiry sweep's bounds (state/store.py SWEEP_SLICE and the expiry floor): a sweep
 takes at most a slice of the due entries, in deadline order, and reads from past what
-earlier sweeps deleted without missing an entry written below it since."""
+earlier sweeps deleted without missing an entry written below it since; and a turn of
+the worker's loop takes fewer records while a deadline is near (EXPIRY_TURN)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from pathlib import Path
 
 from amps_on_kafka.config import SowConfig
 from amps_on_kafka.log.codecs import JSON
+from amps_on_kafka.processor.applying import BATCH_SIZE, EXPIRY_TURN, NEAR_DEADLINE_MS
 from amps_on_kafka.processor.staging import stage_expiry
+from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.state.record import SowRecord
 from amps_on_kafka.state.sow import SowRules
 from amps_on_kafka.state.store import SWEEP_SLICE, PartitionStore, StateBatch
+from tests.sow.conftest import sow_config
 
 RULES = SowRules(
     SowConfig.model_validate({"Topic": "t", "Key": "/id", "Expiration": "enabled"}), JSON
@@ -66,3 +70,15 @@ def test_an_entry_written_below_what_a_sweep_passed_is_still_found(tmp_path: Pat
         assert [r.sow_key for r in store.scan()] == ["later"]
     finally:
         store.close()
+
+
+def test_a_turn_takes_fewer_records_while_a_deadline_is_near(bootstrap, tmp_path: Path) -> None:
+    """Due records wait for the turn being applied: while the next deadline is less than
+    NEAR_DEADLINE_MS away (or passed) a turn takes EXPIRY_TURN records, else BATCH_SIZE."""
+    now = 50_000
+    config = sow_config("t", 1, Expiration="enabled")
+    worker = Worker(config, bootstrap, tmp_path, clock=lambda: now)
+    assert EXPIRY_TURN < BATCH_SIZE
+    assert worker._turn_size(None) == worker._turn_size(now + NEAR_DEADLINE_MS) == BATCH_SIZE
+    near = now + NEAR_DEADLINE_MS - 1
+    assert worker._turn_size(near) == worker._turn_size(now - 5_000) == EXPIRY_TURN
