@@ -209,6 +209,8 @@ class FrameDecoder:
             header = parse_header(self._buffer[start : start + header_length])
         except ValueError as exc:
             return BadFrame(str(exc))
+        if end == start + header_length:  # most commands have none: no view to make
+            return Frame(header, b"")
         with memoryview(self._buffer) as view:  # one copy of the payload, not two
             return Frame(header, bytes(view[start + header_length : end]))
 

@@ -129,7 +129,8 @@ class Session:
                 if events and self.client_name is not None:
                     self._patience = self.gateway.settings.read_timeout  # a new frame's turn
                 await self._dispatch(events)
-                await self.drain()  # replies before more requests: the client's pace
+                if self.writer.transport.get_write_buffer_size():  # else nothing to wait for
+                    await self.drain()  # replies before more requests: the client's pace
         except ConnectionError:
             pass
         except Exception:  # a bug: drop this connection, keep the gateway serving
@@ -210,7 +211,8 @@ class Session:
         try:
             request = Request(header, event.payload, acks(header))
             handler = self._handler(header)
-            await self._authorize(request)
+            if not self._unchecked():  # a coroutine less per command for most users
+                await self._authorize(request)
             if request.wants("received"):
                 self.send(ack(header, "received"))
             await handler(self, request)
@@ -221,7 +223,8 @@ class Session:
             self.fail(header, _own_terms(exc, own_filter, header.get("f")), exc)
         except AmpsError as exc:
             self.fail(header, exc.reason, exc)
-        await self._pace()
+        if len(self._tasks) >= self.gateway.settings.max_commands_in_flight:
+            await self._pace()
 
     async def _pace(self) -> None:
         """Read no further while MaxCommandsInFlight long commands are running."""
