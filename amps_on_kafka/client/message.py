@@ -142,7 +142,7 @@ def _compiled_batches() -> Callable[[list[Any], bytes, tuple[Any, ...]], Batch] 
     """The compiled maker of a batch frame's messages (native/src/batches.rs), given the
     slots GatewayMessage's constructor fills: each record's entry and payload, the
     frame's command, topic and sub_id, and what every message starts with; None without
-    the core (tcp_transport._records is its twin; tests/native/test_batches.py holds
+    the core (tcp_connection._records is its twin; tests/native/test_batches.py holds
     the two alike)."""
     if core is None:
         return None

@@ -1,174 +1,48 @@
 """The `tcp://host:port/amps/json` transport: everything, through a worker's gateway.
 
-A blocking socket and one reader thread. The reader decodes frames and routes each to a
-queue: deliveries by `sub_id`, replies by the command id `cid`. Callers block on their
-queue. A publish is sent without a command id and returns at once; the gateway reports
-only failures for it, which go to the failed-write handler (or are raised by
-publish_flush, the persisted ack of everything before it). Publish sequence numbers are
-the client's own and are echoed on every ack.
+A blocking socket and one reader thread (client/tcp_connection.py). The reader decodes
+frames and routes each to a queue: deliveries by `sub_id`, replies by the command id
+`cid`. Callers block on their queue. A publish is sent without a command id and returns
+at once (client/tcp_outbox.py queues it for the socket); the gateway reports only
+failures for it, which go to the failed-write handler (or are raised by publish_flush,
+the persisted ack of everything before it). Publish sequence numbers are the client's
+own and are echoed on every ack.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
 import queue
-import socket
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import suppress
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 
-from amps_on_kafka.client.acks import AckBatcher, check_ack_option
-from amps_on_kafka.client.message import DeleteAck, GatewayMessage, batch_messages
-from amps_on_kafka.client.stream import TICK_INTERVAL, MessageStream
-from amps_on_kafka.client.tls import TlsOptions, TlsSocket
-from amps_on_kafka.errors import (
-    AmpsError,
-    MessageError,
-    PublishError,
-    TransportError,
-    WrongTransport,
-    server_error,
+from amps_on_kafka.client.acks import check_ack_option
+from amps_on_kafka.client.message import DeleteAck, GatewayMessage
+from amps_on_kafka.client.stream import MessageStream
+from amps_on_kafka.client.tcp_connection import (
+    CLOSE_TIMEOUT,
+    COMMAND_TIMEOUT,
+    TcpConnection,
+    unanswered_logon,
 )
+from amps_on_kafka.client.tls import TlsOptions
+from amps_on_kafka.errors import MessageError, TransportError, WrongTransport
 from amps_on_kafka.log.codecs import check_payload, check_topic
-from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.envelope import Command, check_expiration
-from amps_on_kafka.log.message import COMPLETED, Completed
-from amps_on_kafka.log.publisher import FailedWrite
-from amps_on_kafka.protocol.frame_buffer import FrameBuffer, publish_frame
-from amps_on_kafka.protocol.frames import READ_SIZE, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.log.publisher import FailedWrite, not_persisted
 
-log = logging.getLogger(__name__)
-
-COMMAND_TIMEOUT = 30.0  # seconds to wait for the gateway to answer a command
-CONNECT_TIMEOUT = 10.0
-CLOSE_TIMEOUT = 10.0
 DEFAULT_BATCH = 100
-MAX_INBOUND_FRAME = 1 << 30  # the gateway bounds its frames; this only guards the decoder
-MAX_OUTBOX = 16 * 1024 * 1024  # bytes queued for the socket before publishers wait
 MAX_PARTITIONS = 10_000  # a delete by filter writes one record per partition, at most this
 
 SOW = frozenset({"sow"})  # what a query's stream keeps for an iterator
 QUERY_GROUPS = frozenset({"group_begin", "sow", "group_end"})  # and for a handler
-_ENDED = object()  # the application closed the stream
-_LOST = object()  # the connection is gone
-Item = GatewayMessage | Completed
 
 
-class Outbox:
-    """Frames for the socket, in order, and the publish sequence numbers.
+class TcpTransport(TcpConnection):
+    """The AMPS commands over a gateway connection (client/tcp_connection.py: the socket,
+    the reader thread and the routes from replies to their waiters)."""
 
-    A thread that finds the socket idle writes its frame itself: a lone command or batch
-    of acks costs no thread switch. Frames put while a write is under way queue up and
-    the writer thread sends them together, so busy publishers share system calls. A
-    publish, which nobody waits for, is `deferred`: always left to the writer thread,
-    which sends it with every publish queued behind it by the time it runs (a system
-    call per publish was half of a tcp:// publisher's time; docs/performance.md). A
-    plain publish is numbered and queued by `publish` without this class's lock: only
-    the one that finds the buffer empty wakes the writer. A publisher that outruns the
-    gateway blocks once more than MAX_OUTBOX bytes wait (each blocked publisher's own
-    frame is queued already), instead of filling memory.
-    """
-
-    def __init__(self, sock: socket.socket, on_error: Callable[[str], None]) -> None:
-        self._sock = sock
-        self._on_error = on_error
-        # publish sequence numbers: microseconds now, so they rise across restarts
-        self.buffer = FrameBuffer(time.time_ns() // 1000 + 1, publish_frame)
-        self._writing = False  # some thread is in sendall
-        self._closing = False
-        self._failed = False
-        self._changed = threading.Condition(threading.Lock())
-        self._thread = threading.Thread(target=self._write, name="amps-tcp-writer", daemon=True)
-        self._thread.start()
-
-    def publish(self, topic: str, payload: bytes) -> int | None:
-        """Number and queue a plain publish for the writer thread: its sequence number,
-        or None once the socket failed or the outbox closed."""
-        sequence, before = self.buffer.publish(topic, payload)
-        if (before > 0 and before + len(payload) <= MAX_OUTBOX) or self._queued(before):
-            return sequence
-        return None
-
-    def put(self, frame: bytes, *, deferred: bool = False) -> bool:
-        """Send or queue a frame; False once the socket failed or the outbox closed."""
-        with self._changed:
-            self._wait_for_room()
-            before = self.buffer.append(frame)
-            if before < 0:
-                return False
-            if self._writing or deferred:
-                if before == 0:
-                    self._changed.notify_all()  # the writer sends it (after the write under way)
-                return True
-            data = self._take()
-        return self._send(data)
-
-    def close(self, timeout: float) -> None:
-        """Send what is queued, then stop the writer."""
-        with self._changed:
-            self._closing = True
-            self.buffer.close()
-            self._changed.notify_all()
-        self._thread.join(timeout)
-
-    def _queued(self, before: int) -> bool:
-        """After a publish found the buffer empty (wake the writer), took it past
-        MAX_OUTBOX (wait for room, as put() waits before its frame) or found it closed
-        (-1: False, not queued). A queued frame is sent unless the socket fails (a
-        closing outbox sends what it holds)."""
-        if before < 0:
-            return False
-        with self._changed:
-            if before == 0:
-                self._changed.notify_all()
-            else:
-                self._wait_for_room()
-            return not self._failed
-
-    def _wait_for_room(self) -> None:
-        """Under the lock: until at most MAX_OUTBOX bytes wait, or the outbox ended."""
-        while len(self.buffer) > MAX_OUTBOX and not (self._failed or self._closing):
-            self._changed.wait()
-
-    def _write(self) -> None:
-        while True:
-            with self._changed:
-                while not (self._closing or len(self.buffer)) or self._writing:
-                    self._changed.wait()
-                data = self._take()
-            if not data or not self._send(data):
-                return
-
-    def _take(self) -> bytes:
-        """Under the lock: the bytes to write now; the caller becomes the writer."""
-        if len(self.buffer) > MAX_OUTBOX:
-            self._changed.notify_all()  # room again for blocked publishers
-        self._writing = True
-        return self.buffer.take()
-
-    def _send(self, data: bytes) -> bool:
-        try:
-            self._sock.sendall(data)
-        except OSError as exc:
-            with self._changed:
-                self._failed, self._writing = True, False
-                self.buffer.close()
-                self._changed.notify_all()
-            self._on_error(f"sending to the gateway failed: {exc}")
-            return False
-        with self._changed:
-            self._writing = False
-            if len(self.buffer) or self._closing:
-                self._changed.notify_all()  # the writer thread takes what queued meanwhile
-        return True
-
-
-class TcpTransport:
     def __init__(
         self,
         address: str,
@@ -179,23 +53,11 @@ class TcpTransport:
         password: str | None = None,
     ) -> None:
         """`tls` for tcps://; `user` and `password` are sent at logon (docs/security.md)."""
-        self.address = address
         self.client_name = client_name
         self.max_frame_bytes: int | None = None  # the gateway's limit, learnt at logon
         self._credentials = {"user_id": user, "pw": password}
-        self._tls = tls
-        self._sock = _connect(address, tls)
-        self._outbox = Outbox(self._sock, self._lose)
-        self.acks = AckBatcher(self._send)  # message.ack() batches here (docs/queues.md)
-        self._ids = itertools.count(1)
         self._published = False
-        self._commands: dict[str, queue.SimpleQueue] = {}
-        self._subs: dict[str, queue.SimpleQueue] = {}
-        self._failures: list[FailedWrite] = []
-        self._failed_write_handler: Callable[[FailedWrite], None] | None = None
-        self._lost: TransportError | None = None
-        self._reader = threading.Thread(target=self._read, name=f"amps-tcp-{address}", daemon=True)
-        self._reader.start()
+        super().__init__(address, tls)  # connects, and starts the reader thread
 
     # -- session ---------------------------------------------------------------------
     def logon(self, timeout: float | None) -> None:
@@ -211,7 +73,7 @@ class TcpTransport:
             # refused the client's certificate (TLS 1.3 checks it after the handshake).
             raise TransportError(
                 f"{self.address} closed the connection without answering the logon: "
-                f"{_unanswered(self._tls)}"
+                f"{unanswered_logon(self._tls)}"
             ) from exc
         self.max_frame_bytes = reply.header.get("max_frame_bytes")
 
@@ -322,11 +184,7 @@ class TcpTransport:
         self._command({"c": "flush"}, timeout=timeout)
         failures, self._failures = self._failures, []
         if failures:
-            first = failures[0]
-            raise PublishError(
-                f"{len(failures)} publish(es) not persisted; first: topic {first.topic!r} "
-                f"sequence {first.sequence}: {first.reason}"
-            )
+            raise not_persisted(failures)
 
     def set_failed_write_handler(self, handler: Callable[[FailedWrite], None] | None) -> None:
         self._failed_write_handler = handler
@@ -438,203 +296,6 @@ class TcpTransport:
         if self._end(self._subs, sub_id, deliveries) and self._lost is None:
             self._send({"c": "unsubscribe", "sub_id": sub_id})
 
-    # -- requests and replies -----------------------------------------------------------
-    def _command(
-        self, header: dict[str, Any], payload: bytes = b"", *, timeout: float | None
-    ) -> Frame:
-        """Send a command and return its reply, raising ServerError on a failure."""
-        cid, _, reply = self._open(header, self._commands, None, payload, timeout)
-        self._commands.pop(cid, None)
-        return reply
-
-    def _open(
-        self,
-        header: dict[str, Any],
-        routes: dict[str, queue.SimpleQueue],
-        route: str | None,
-        payload: bytes = b"",
-        timeout: float | None = COMMAND_TIMEOUT,
-    ) -> tuple[str, queue.SimpleQueue, Frame]:
-        """Register a route, send, and wait for the first reply (the command's ack).
-
-        Returns the route key (the sub_id for subscriptions, else the command id), the
-        queue later replies arrive on, and the first reply.
-        """
-        cid = str(next(self._ids))
-        header["cid"] = cid
-        if routes is self._subs:
-            route = header["sub_id"] = route or cid
-        key = route or cid
-        replies: queue.SimpleQueue = queue.SimpleQueue()
-        routes[key] = replies
-        try:
-            self._send(header, payload)
-            first = self._reply(replies, timeout)
-        except BaseException:
-            routes.pop(key, None)
-            raise
-        return key, replies, first
-
-    def _reply(self, replies: queue.SimpleQueue, timeout: float | None) -> Frame:
-        try:
-            frame = replies.get(timeout=timeout)
-        except queue.Empty:
-            raise TransportError(
-                f"no reply from the gateway at {self.address} in {timeout}s"
-            ) from None
-        if frame is _LOST:
-            raise self._lost  # type: ignore[misc]
-        _raise_failure(frame.header)
-        return frame
-
-    def _items(
-        self,
-        replies: queue.SimpleQueue,
-        routes: dict[str, queue.SimpleQueue],
-        key: str,
-        *,
-        keep: frozenset[str] | None = None,
-        until_done: bool = False,
-    ) -> Iterator[Item | object]:
-        """Messages as they arrive, TICK after each quiet TICK_INTERVAL (the stream's
-        clock); ends when closed, or at the completed ack when `until_done`."""
-        try:
-            while True:
-                try:
-                    frame = replies.get(timeout=TICK_INTERVAL)
-                except queue.Empty:
-                    yield TICK
-                    continue
-                if frame is _ENDED:
-                    return
-                if frame is _LOST:
-                    raise self._lost  # type: ignore[misc]
-                if frame.header.get("c") == "sow":  # a batch of records: no checks each
-                    if keep is None or "sow" in keep:
-                        yield from _records("sow", frame)
-                    continue
-                for item in _unpack(frame):
-                    if item is COMPLETED and until_done:
-                        return
-                    if isinstance(item, GatewayMessage) and item.command == "publish":
-                        item.acks = self.acks  # a queue message can be acked
-                    if keep is None or item.command in keep:
-                        yield item
-        finally:
-            _forget(routes, key, replies)
-
-    def _end(
-        self, routes: dict[str, queue.SimpleQueue], key: str, only: queue.SimpleQueue | None = None
-    ) -> bool:
-        """Stop routing to a stream and wake its reader; False if it had ended already.
-        With `only`, just that stream: its sub_id may already name a newer one."""
-        replies = routes.get(key)
-        if replies is None or (only is not None and replies is not only):
-            return False
-        del routes[key]
-        replies.put(_ENDED)
-        return True
-
-    # -- the socket ----------------------------------------------------------------------
-    def _send(
-        self, header: dict[str, Any], payload: bytes = b"", *, deferred: bool = False
-    ) -> None:
-        """Queue a frame (`deferred`: see Outbox). A caller's reply route is registered
-        before this check and _lose sets _lost before waking routes, so a waiter can't
-        miss a lost connection."""
-        if self._lost is not None:
-            raise self._lost
-        if not self._outbox.put(encode_frame(header, payload), deferred=deferred):
-            raise self._lost or TransportError(f"{self.address}: the connection is closed")
-
-    def _read(self) -> None:
-        decoder = FrameDecoder(MAX_INBOUND_FRAME)
-        reason = "the gateway closed the connection"
-        try:
-            while data := self._sock.recv(READ_SIZE):
-                for event in decoder.feed(data):
-                    if isinstance(event, Frame):
-                        self._route(event)
-                    else:
-                        log.warning("bad frame from the gateway: %s", event.reason)
-        except OSError as exc:
-            reason = f"connection to the gateway lost: {exc}"
-        self._lose(reason)
-
-    def _lose(self, reason: str) -> None:
-        """The connection is gone: fail whoever waits, and every later call."""
-        if self._lost is None:
-            self._lost = TransportError(f"{self.address}: {reason}")
-        for routes in (self._commands, self._subs):
-            for replies in list(routes.values()):
-                replies.put(_LOST)
-
-    def _route(self, frame: Frame) -> None:
-        header = frame.header
-        replies = self._subs.get(header.get("sub_id"))  # type: ignore[arg-type]
-        if replies is None:
-            replies = self._commands.get(header.get("cid"))  # type: ignore[arg-type]
-        if replies is not None:
-            replies.put(frame)
-        elif header.get("status") == "failure":
-            self._unrouted_failure(header)
-
-    def _unrouted_failure(self, header: dict[str, Any]) -> None:
-        """A publish the gateway refused or Kafka did not persist: a failed write."""
-        if "s" not in header:
-            log.warning("gateway: %s", header.get("reason"))
-            return
-        failure = FailedWrite(header.get("t", ""), header["s"], header.get("reason", "unknown"))
-        if self._failed_write_handler is not None:
-            self._failed_write_handler(failure)
-        else:
-            self._failures.append(failure)
-
-    def _disconnect(self) -> None:
-        self._outbox.close(CLOSE_TIMEOUT)
-        with suppress(OSError):  # already gone
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        self._reader.join(CLOSE_TIMEOUT)
-
-
-def _connect(address: str, tls: TlsOptions | None) -> socket.socket | TlsSocket:
-    host, _, port = address.rpartition(":")
-    try:
-        sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
-    except OSError as exc:
-        raise TransportError(f"can't connect to the gateway at {address}: {exc}") from exc
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if tls is None:
-        sock.settimeout(None)
-        return sock
-    try:
-        secured = TlsSocket(sock, tls.context(), host)  # the handshake, within the timeout
-    except (AmpsError, OSError) as exc:
-        sock.close()
-        reason = exc.reason if isinstance(exc, AmpsError) else str(exc)
-        raise TransportError(f"gateway at {address}: {reason}") from exc
-    sock.settimeout(None)
-    return secured
-
-
-def _unanswered(tls: TlsOptions | None) -> str:
-    """Why a logon may see the connection closed unanswered."""
-    if tls is None:
-        return (
-            "no worker's gateway listens there (a Kafka broker takes kafka://, a gateway "
-            "with TLS tcps://)"
-        )
-    if tls.cert is not None:
-        return (
-            f"the gateway did not accept the client certificate {tls.cert} (is it signed "
-            "by the CA in the gateway's Gateway.TLS.CA?), or no worker's gateway listens there"
-        )
-    return (
-        "the gateway may require a client certificate (tcps://...?cert=FILE&key=FILE), "
-        "or no worker's gateway listens there"
-    )
-
 
 def _set(header: dict[str, Any], **fields: Any) -> None:
     header.update((k, v) for k, v in fields.items() if v is not None)
@@ -654,49 +315,3 @@ def _payload(data: Any) -> bytes:
         return orjson.dumps(data)
     except TypeError as exc:
         raise MessageError(f"can't encode payload as JSON: {exc}") from exc
-
-
-def _raise_failure(header: dict[str, Any]) -> None:
-    if header.get("c") == "ack" and header.get("status") == "failure":
-        reason = header.get("reason") or "the gateway refused the command"
-        raise server_error(reason, header.get("error"))
-
-
-def _unpack(frame: Frame) -> Iterator[Item]:
-    header, payload = frame.header, frame.payload
-    command, topic, sub_id = header.get("c"), header.get("t"), header.get("sub_id")
-    if command == "sow" or (command == "publish" and "recs" in header):  # a batch frame
-        yield from _records(command, frame)
-    elif command == "ack":
-        _raise_failure(header)
-        yield (
-            COMPLETED
-            if header.get("a") == "completed"
-            else GatewayMessage("ack", topic, header, b"", sub_id)
-        )
-    else:
-        yield GatewayMessage(command, topic, header, payload, sub_id)  # type: ignore[arg-type]
-
-
-def _records(command: str, frame: Frame) -> Iterator[GatewayMessage]:
-    """A batch frame's messages: `recs` describes each record, payloads follow in order.
-    The compiled builder (message.batch_messages) makes them where it is sure of the
-    entries; from the first it is not, this loop (its twin) goes on."""
-    header, payload = frame.header, frame.payload
-    topic, sub_id = header.get("t"), header.get("sub_id")
-    recs, offset = header.get("recs", ()), 0
-    if batch_messages is not None and type(recs) is list and type(payload) is bytes:
-        built = batch_messages(recs, payload, (command, topic, sub_id))
-        yield from built
-        recs, offset = itertools.islice(recs, built.read, None), built.offset
-    for meta in recs:
-        end = offset + meta["n"]
-        yield GatewayMessage(command, topic, meta, payload[offset:end], sub_id)
-        offset = end
-
-
-def _forget(routes: dict[str, queue.SimpleQueue], key: str, replies: queue.SimpleQueue) -> None:
-    """Drop a route if it is still this one: a stream closed late (its generator collected
-    after its sub_id was subscribed again) must not take the new stream's route with it."""
-    if routes.get(key) is replies:
-        del routes[key]

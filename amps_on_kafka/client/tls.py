@@ -1,11 +1,11 @@
 """TLS for the tcps:// transport, safe for one reading and one writing thread at once.
 
-The transport reads on one thread while others write (tcp_transport.py). OpenSSL does not
-allow one SSL object to be used from two threads at once, which an ssl.SSLSocket would do
-here (a recv blocked in one thread, a sendall in another), so the TLS state is an
-SSLObject over memory buffers, used under a lock, while the socket's blocking reads and
-writes happen outside it. Sends are also serialised: TLS records must reach the wire in
-the order the SSLObject produced them.
+The transport reads on one thread (tcp_connection.py) while others write (tcp_outbox.py).
+OpenSSL does not allow one SSL object to be used from two threads at once, which an
+ssl.SSLSocket would do here (a recv blocked in one thread, a sendall in another), so the
+TLS state is an SSLObject over memory buffers, used under a lock, while the socket's
+blocking reads and writes happen outside it. Sends are also serialised: TLS records must
+reach the wire in the order the SSLObject produced them.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ publisher's app thread spent most of its time there: docs/performance.md). Numbe
 and queueing are one step, so a connection's publishes are queued in sequence order
 even from several threads.
 
-The buffer is not bounded itself: its owner (client/tcp_transport.py, Outbox) reads
+The buffer is not bounded itself: its owner (client/tcp_outbox.py, Outbox) reads
 the bytes pending before each append and holds publishers back past its limit.
 """
 

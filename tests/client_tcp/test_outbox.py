@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from amps_on_kafka.client import acks as acks_module
-from amps_on_kafka.client import tcp_transport
+from amps_on_kafka.client import tcp_outbox
 from amps_on_kafka.client.acks import AckBatcher
-from amps_on_kafka.client.tcp_transport import Outbox
+from amps_on_kafka.client.tcp_outbox import Outbox
 from amps_on_kafka.protocol.frame_buffer import publish_frame
 from amps_on_kafka.protocol.frames import FrameDecoder
 
@@ -64,7 +64,7 @@ def test_publishers_wait_while_the_peer_reads_nothing_and_queue_at_most_max_outb
     pair, monkeypatch
 ):
     ours, peer = pair
-    monkeypatch.setattr(tcp_transport, "MAX_OUTBOX", 64 * 1024)
+    monkeypatch.setattr(tcp_outbox, "MAX_OUTBOX", 64 * 1024)
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     outbox = Outbox(ours, lambda reason: None)
     frame, frames = b"x" * 8192, 100  # per publisher: far more than socket and outbox hold
@@ -80,7 +80,7 @@ def test_publishers_wait_while_the_peer_reads_nothing_and_queue_at_most_max_outb
         publisher.start()
     assert not finished[0].wait(0.5), "the frames fitted without the peer reading"
     assert not finished[1].is_set()
-    assert len(outbox.buffer) <= tcp_transport.MAX_OUTBOX + len(frame)  # memory stays bounded
+    assert len(outbox.buffer) <= tcp_outbox.MAX_OUTBOX + len(frame)  # memory stays bounded
     read_exactly(peer, 2 * frames * len(frame))  # reading lets every frame through
     assert all(done.wait(WAIT) for done in finished)
     for publisher in publishers:
@@ -176,7 +176,7 @@ def test_plain_publishes_wait_past_max_outbox_and_arrive_numbered_in_order(pair,
     yet bounded like put() (each blocked publisher's own frame queued already), and its
     frames reach the socket whole, numbered in the order queued."""
     ours, peer = pair
-    monkeypatch.setattr(tcp_transport, "MAX_OUTBOX", 64 * 1024)
+    monkeypatch.setattr(tcp_outbox, "MAX_OUTBOX", 64 * 1024)
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     outbox = Outbox(ours, lambda reason: None)
     payload, count = b"x" * 8000, 100  # far more than socket and outbox hold
@@ -191,7 +191,7 @@ def test_plain_publishes_wait_past_max_outbox_and_arrive_numbered_in_order(pair,
     publisher = threading.Thread(target=publish)
     publisher.start()
     assert not done.wait(0.5), "the frames fitted without the peer reading"
-    assert len(outbox.buffer) <= tcp_transport.MAX_OUTBOX + len(publish_frame("t", 0, payload))
+    assert len(outbox.buffer) <= tcp_outbox.MAX_OUTBOX + len(publish_frame("t", 0, payload))
     frame_size = len(publish_frame("t", numbers[0], payload))
     events = FrameDecoder(1 << 20, publishes=True).feed(read_exactly(peer, count * frame_size))
     assert done.wait(WAIT)

@@ -1,6 +1,6 @@
 """The tcp:// client's messages of a batch frame made by the compiled core
 (native/src/batches.rs, message.batch_messages) against the Python twin
-(tcp_transport._records' own loop): the same messages, slot for slot, and the same
+(tcp_connection._records' own loop): the same messages, slot for slot, and the same
 errors where the entries are odd.
 
 Over generated `recs` (entries that are dicts with `n` within the payload, and odd ones:
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amps_on_kafka.client import message as message_module
-from amps_on_kafka.client import tcp_transport
+from amps_on_kafka.client import tcp_connection
 from amps_on_kafka.client.message import GatewayMessage
 from amps_on_kafka.native import core
 from amps_on_kafka.protocol.frames import Frame
@@ -47,9 +47,9 @@ def made(command: str, frame: Frame, builder: Any) -> tuple[list, str | None]:
     values, and the error that ended them, if one did."""
     made: list = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tcp_transport, "batch_messages", builder)
+        patch.setattr(tcp_connection, "batch_messages", builder)
         try:
-            for message in tcp_transport._records(command, frame):
+            for message in tcp_connection._records(command, frame):
                 assert type(message) is GatewayMessage
                 made.append([getattr(message, slot) for slot in SLOTS])
         except Exception as exc:  # the twin's error, whichever it is
