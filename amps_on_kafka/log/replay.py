@@ -101,11 +101,13 @@ class Replay:
         config = reader_config(bootstrap)
         self._consumer = Consumer(config)
         # The compiled reader (log/native_reader.py) of a replay with nothing to check per
-        # record: it reads the assigned partitions, the consumer only prepares.
-        self._native: Any = None
+        # record (no filter, no stop): it reads, the consumer only prepares. Made first, so
+        # it connects while the consumer prepares.
+        plain = predicate is None and until is None and RECORD_BUILDER is not None
+        self._native: Any = native_reader(config) if plain else None
         try:
             self._prepare(bootstrap, topic, bookmark, until, registry)
-            self._open(config)
+            self._open()
         except BaseException:
             self.close()
             raise
@@ -113,6 +115,8 @@ class Replay:
     def _prepare(self, bootstrap, topic, bookmark, until, registry) -> None:
         registry = registry or TopicRegistry(bootstrap)
         self.topics = select_topics(self._consumer, topic)
+        if self._native is not None:
+            self._native.look_up(self.topics)
         self._codecs = {name: registry.spec(name).codec for name in self.topics}
         partitions = [
             (name, p) for name in self.topics for p in partitions_of(self._consumer, name)
@@ -127,11 +131,9 @@ class Replay:
             self.stops = resolve_stop(self._consumer, marks, parse_bookmark(until), until)
         self._pending = {tp for tp, start in self.starts.items() if start < self.ends[tp]}
 
-    def _open(self, config: dict[str, Any]) -> None:
-        """Start reading from the start offsets: through the compiled reader when there is
-        no filter and no stop (the hot path) and it can read as the consumer does."""
-        plain = self.predicate is None and self.stops is None and RECORD_BUILDER is not None
-        self._native = native_reader(config) if plain else None
+    def _open(self) -> None:
+        """Start reading from the start offsets, through the compiled reader if there is
+        one (it can read as the consumer does)."""
         if self._native is None:
             self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.starts.items()])
             return

@@ -87,6 +87,8 @@ struct Api {
     ) -> c_int,
     message_timestamp: extern "C" fn(*const RawMessage, *mut c_int) -> i64,
     topic_name: extern "C" fn(*const c_void) -> *const c_char,
+    topic_new: extern "C" fn(*mut c_void, *const c_char, *mut c_void) -> *mut c_void,
+    topic_destroy: extern "C" fn(*mut c_void),
     list_new: extern "C" fn(c_int) -> *mut RawPartitionList,
     list_add: extern "C" fn(*mut RawPartitionList, *const c_char, i32) -> *mut RawPartition,
     list_destroy: extern "C" fn(*mut RawPartitionList),
@@ -137,6 +139,8 @@ fn load(path: &str) -> Result<Api, String> {
             header_get_all: symbol(library, "header_get_all")?,
             message_timestamp: symbol(library, "message_timestamp")?,
             topic_name: symbol(library, "topic_name")?,
+            topic_new: symbol(library, "topic_new")?,
+            topic_destroy: symbol(library, "topic_destroy")?,
             list_new: symbol(library, "topic_partition_list_new")?,
             list_add: symbol(library, "topic_partition_list_add")?,
             list_destroy: symbol(library, "topic_partition_list_destroy")?,
@@ -313,6 +317,21 @@ impl RdReader {
         Ok(Self {
             handle: Arc::new(handle),
         })
+    }
+
+    /// Have librdkafka look `topics` up (their leaders, a connection to each) now, while
+    /// the replay is prepared elsewhere, rather than when the partitions are assigned.
+    fn look_up(&self, topics: Vec<String>) -> PyResult<()> {
+        for topic in topics {
+            let topic =
+                CString::new(topic).map_err(|_| PyValueError::new_err("a NUL in a topic name"))?;
+            let handle =
+                (self.handle.api.topic_new)(self.handle.rk, topic.as_ptr(), ptr::null_mut());
+            if !handle.is_null() {
+                (self.handle.api.topic_destroy)(handle);
+            }
+        }
+        Ok(())
     }
 
     /// Read `partitions` (topic, partition, offset) from those offsets.
