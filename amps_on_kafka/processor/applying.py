@@ -254,7 +254,7 @@ class Applying:
     def _turn_size(self, next_due: int | None) -> int:
         """Records one turn takes: EXPIRY_TURN while a deadline is near, so the sweep
         that follows the turn is not held behind a whole BATCH_SIZE of applying (the
-        general path's ~15 us a record), else BATCH_SIZE."""
+        general path's ~20 us a record), else BATCH_SIZE."""
         if next_due is not None and next_due - self.clock() < NEAR_DEADLINE_MS:
             return EXPIRY_TURN
         return BATCH_SIZE

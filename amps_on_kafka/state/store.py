@@ -59,7 +59,7 @@ _UNREAD = object()
 _DEADLINE = struct.Struct(">q")
 # Expiry entries one sweep takes at most: the worker writes and announces each slice
 # before it takes the next, so the last record of a burst waits for one slice's work
-# (~10 us a record), not the whole burst's (docs/performance.md, "Expiration lag").
+# (~7 us a record), not the whole burst's (docs/performance.md, "Expiration lag").
 SWEEP_SLICE = 1_000
 
 
