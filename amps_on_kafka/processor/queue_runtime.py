@@ -204,11 +204,7 @@ class QueueRuntime(Recovery, Recording):
                 del records
                 with engine.lock:
                     self._turn()
-                    for item in read:
-                        if isinstance(item, QueueEntry):
-                            state.enqueue(item)
-                        else:
-                            state.start_at(item[0], item[1] + 1)  # not a message: read past it
+                    state.enqueue_read(read)
                     state.tick()
                     engine.settle()
                     if time.monotonic() >= self._checkpoint_due:

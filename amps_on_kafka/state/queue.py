@@ -23,9 +23,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from amps_on_kafka.native import core
 from amps_on_kafka.state.queue_delivery import Delivering
 from amps_on_kafka.state.queue_removal import Removal
 from amps_on_kafka.state.queue_types import (
@@ -52,6 +53,15 @@ Clock = Callable[[], int]  # milliseconds
 
 class QueueState(Delivering, Removal):
     """One queue's messages, leases and subscriptions."""
+
+    # The compiled core's common case of `enqueue` (native/src/queue_enqueue.rs), when
+    # `_plain_enqueue`: it stops at an item it leaves to `enqueue_read`'s loop; None
+    # without the core.
+    _enqueue_compiled: Callable[[Any, list[Any], int], int] | None = (
+        core.Enqueuer(QueueEntry, ReadyQueue, AVAILABLE, deque, heapq.heappush).run
+        if core is not None
+        else None
+    )
 
     def __init__(
         self,
@@ -129,6 +139,38 @@ class QueueState(Delivering, Removal):
         self._admit(entry)
         self.dirty[entry.id] = entry
         return True
+
+    def enqueue_read(self, read: Sequence[QueueEntry | tuple[TP, int]]) -> None:
+        """What the queue's thread read, in order: each message enqueued, and each
+        (partition, offset) that held no message (a transaction marker, a record skipped)
+        read past."""
+        read = read if type(read) is list else list(read)
+        at, count = 0, len(read)
+        while at < count:
+            compiled = self._enqueue_compiled
+            if compiled is not None and self._plain_enqueue():
+                at = compiled(self, read, at)
+                if at == count:
+                    break
+            item = read[at]
+            at += 1
+            if isinstance(item, QueueEntry):
+                self.enqueue(item)
+            else:
+                self.start_at(item[0], item[1] + 1)
+
+    def _plain_enqueue(self) -> bool:
+        """Whether the compiled enqueue may act: no rule that reads the message or its
+        time, no barrier waiting and no ack that came early."""
+        policy = self.policy
+        return (
+            not self._early
+            and self._barrier is None
+            and policy.expiration_ms is None
+            and policy.priority is None
+            and policy.barrier is None
+            and policy.target_depth is None
+        )
 
     def restore(self, entry: QueueEntry) -> None:
         """Put back a message from the state store (seq, counts, rank already set).

@@ -12,6 +12,7 @@ mod lookups;
 mod publish;
 mod queue_acks;
 mod queue_dispatch;
+mod queue_enqueue;
 mod queue_entries;
 mod queue_messages;
 mod queue_store;
@@ -41,5 +42,6 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     queue_messages::register(m)?;
     queue_acks::register(m)?;
     queue_dispatch::register(m)?;
+    queue_enqueue::register(m)?;
     Ok(())
 }

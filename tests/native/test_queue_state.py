@@ -1,6 +1,7 @@
 """The compiled parts of the queue state machine against their Python twins: the
-applier of acks (native/src/queue_acks.rs; twin: `Removal.ack`'s own loop) and the
-dispatcher (native/src/queue_dispatch.rs; twin: `Delivering.dispatch`'s own loop), what
+applier of acks (native/src/queue_acks.rs; twin: `Removal.ack`'s own loop), the
+dispatcher (native/src/queue_dispatch.rs; twin: `Delivering.dispatch`'s own loop) and the
+enqueuer (native/src/queue_enqueue.rs; twin: `QueueState.enqueue_read`'s own loop), what
 runs without the core.
 
 Both change the state machine's own structures, so two queues, one with them and one
@@ -13,7 +14,6 @@ and after every step all they hold and all they answered must be the same.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import pytest
@@ -33,11 +33,13 @@ class TwinState(QueueState):
 
     _acks_compiled = None
     _dispatch_compiled = None
+    _enqueue_compiled = None
 
 
 def test_the_compiled_parts_are_in_use():
     assert type(QueueState._acks_compiled.__self__).__name__ == "AckApplier"  # type: ignore[union-attr]
     assert type(QueueState._dispatch_compiled.__self__).__name__ == "Dispatcher"  # type: ignore[union-attr]
+    assert type(QueueState._enqueue_compiled.__self__).__name__ == "Enqueuer"  # type: ignore[union-attr]
 
 
 def snapshot(state: QueueState) -> dict[str, Any]:
@@ -51,7 +53,12 @@ def snapshot(state: QueueState) -> dict[str, Any]:
     return {
         "entries": entries,
         "taken": list(state._taken),
-        "dirty": [(key, e.id, e.status) for key, e in state.take_dirty()[0].items()],
+        "dirty": [
+            (key, e.id, e.status, e.seq, e.ev_pos) for key, e in state.take_dirty()[0].items()
+        ],
+        "positions": state.positions,
+        "partitions": {tp: list(order) for tp, order in state._partitions.items()},
+        "next_seq": state.next_seq,
         "active": state._active,
         "leases": list(state._leases),
         "leased": {name(s): list(held) for s, held in state._leased.items()},
@@ -72,7 +79,12 @@ class StateMachine(RuleBasedStateMachine):
         if plain:  # mostly a queue where the compiled parts may act (they leave others)
             policy = replace(policy, barrier=None, target_depth=None, at_most_once=False)
         if plain > 1:
-            policy = replace(policy, max_deliveries=None)
+            fairness = (
+                "round-robin" if plain == 2 else policy.fairness.replace("round-robin", "fast")
+            )
+            policy = replace(
+                policy, max_deliveries=None, expiration_ms=None, priority=None, fairness=fairness
+            )
         self.plain = plain
         self.clock = FakeClock()
         self.states = [QueueState(policy, self.clock), TwinState(policy, self.clock)]
@@ -96,15 +108,35 @@ class StateMachine(RuleBasedStateMachine):
 
     @rule(
         partition=st.sampled_from(PARTITIONS),
-        fields=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1)), min_size=1, max_size=6),
+        fields=st.lists(
+            st.tuples(st.integers(0, 3), st.integers(0, 1), st.sampled_from([None, None, 0, 0.1])),
+            min_size=1,
+            max_size=6,
+        ),
+        gap=st.booleans(),
     )
-    def publish(self, partition, fields) -> None:
-        for p, f in fields:
+    def publish(self, partition, fields, gap) -> None:
+        """A batch read from the log: messages, maybe a position that held none, and now
+        and then an offset read before."""
+        read: list = []
+        for p, f, expiration in fields:
             offset = self.next_offset[partition]
             self.next_offset[partition] += 1
             data = {"p": p, "f": f, "b": int(offset % 5 == 4)}
-            entry = partial(message, offset, data, partition=partition, timestamp=self.clock.now)
-            self.both(lambda s: s.enqueue(entry()))  # noqa: B023
+            read.append((offset, data, expiration))
+        if gap:
+            read.insert(len(read) // 2, self.next_offset[partition])
+            self.next_offset[partition] += 1
+            read.append((max(0, self.next_offset[partition] - 3), {"p": 0}, None))  # read before
+        now = self.clock.now
+        self.both(lambda s: s.enqueue_read([self.item(x, partition, now) for x in read]))
+
+    @staticmethod
+    def item(what, partition: int, now: int) -> Any:
+        if isinstance(what, int):  # a position that held no message
+            return (("orders", partition), what)
+        offset, data, expiration = what
+        return message(offset, data, partition=partition, timestamp=now, expiration=expiration)
 
     @rule(
         backlog=st.integers(1, 6),
@@ -113,7 +145,7 @@ class StateMachine(RuleBasedStateMachine):
     )
     def subscribe(self, backlog, session, text) -> None:
         self.subs += 1
-        flt = compile_filter(text).matches if text and self.plain < 3 else None
+        flt = compile_filter(text).matches if text and self.plain < 2 else None
         sub_id = f"sub{self.subs}"
         self.both(lambda s: s.subscribe(Subscription(sub_id, session, flt, backlog)))
 
