@@ -4,16 +4,21 @@ AMPS_UVLOOP=0; a gateway serves alike on either."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from collections.abc import Callable
 
 import pytest
 import uvloop
 
 from amps_on_kafka.config import Config
+from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.gateway import Gateway, new_loop
 from tests.server.helpers import Wire
+from tests.server.test_bounds import on_loop
 
 
 def _kind(loop: asyncio.AbstractEventLoop) -> str:
@@ -54,3 +59,37 @@ def test_a_gateway_on_either_loop_answers_pipelined_commands_in_order(
 
 def _running_kind(gateway: Gateway) -> str:
     return "uvloop" if isinstance(gateway.loop, uvloop.Loop) else "asyncio"
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_client_that_does_not_read_is_paced_by_its_own_replies(
+    switch: str,
+    bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+    wire_to: Callable[[str], Wire],
+) -> None:
+    """After each read's commands the session waits for their replies to drain before it
+    reads more (it skips the wait only when nothing is queued): 30,000 pipelined heartbeats
+    whose 1.8 MB of replies go unread leave at most one read's replies queued, well under
+    MaxQueuedBytes (1 MiB here), so the client is paced, not cut, and all are answered."""
+    monkeypatch.setenv("AMPS_UVLOOP", switch)
+    engine, settings = SowEngine(Config(), {}, now_ms), GatewayConfig(MaxQueuedBytes=1 << 20)
+    with Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway:
+        wire = wire_to(gateway.address)  # type: ignore[arg-type]
+        wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # kernel holds little
+        assert wire.logon().header["status"] == "success"
+        on_loop(gateway, lambda: _small_send_buffers(gateway))
+        count = 30_000
+        frames = b"".join(encode_frame({"c": "heartbeat", "cid": str(n)}) for n in range(count))
+        sender = threading.Thread(target=wire.sock.sendall, args=(frames,), daemon=True)
+        sender.start()
+        replies = [wire.recv() for _ in range(count)]
+        sender.join(10)
+        assert [reply.header["cid"] for reply in replies] == [str(n) for n in range(count)]
+        assert gateway.stats.slow_consumers == 0
+
+
+def _small_send_buffers(gateway: Gateway) -> None:
+    for session in gateway._sessions:
+        sock = session.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
