@@ -1,20 +1,18 @@
 """The configuration model, in AMPS vocabulary (Topic, Key, Expiration, MessageType...).
 
 Unknown keys are errors: a misspelt option that silently does nothing is the worst kind
-of configuration bug in a messaging system.
+of configuration bug in a messaging system. A queue's section is config/queues.py; what
+every section is made of (the strict base, durations, topic names) config/fields.py.
 """
 
 from __future__ import annotations
 
 import re
-from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     SecretStr,
     field_serializer,
@@ -23,27 +21,16 @@ from pydantic import (
 )
 
 from amps_on_kafka.config.durations import parse_duration
+from amps_on_kafka.config.fields import TOPIC_NAME, Seconds, Strict, check_topic_name
 from amps_on_kafka.config.properties import redacted, resolve_all
+from amps_on_kafka.config.queues import QueueConfig
 from amps_on_kafka.errors import ConfigError
-from amps_on_kafka.expr import compile_expression, compile_filter
+from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.expr.patterns import PatternError, compile_pattern
 
 MessageType = Literal["json", "avro", "binary"]
 # How the topic's producers place a keyed record (log/keys.py's partition_for has each).
 Partitioner = Literal["murmur2", "crc32", "fnv1a"]
-# A duration: seconds, or text such as 30s, 5m, 1h (the JSON Schema allows both).
-Seconds = Annotated[float, BeforeValidator(parse_duration, json_schema_input_type=float | str)]
-_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-
-
-def check_topic_name(name: str) -> str:
-    """Kafka's own rule for topic names; `|` is excluded, so bookmarks can use it."""
-    if not _TOPIC_NAME.match(name) or name in (".", ".."):
-        raise ValueError(
-            f"{name!r} is not a valid Kafka topic name "
-            "(1-249 characters of letters, digits, '.', '_' and '-')"
-        )
-    return name
 
 
 def check_key_path(path: object) -> str:
@@ -54,15 +41,7 @@ def check_key_path(path: object) -> str:
     return path
 
 
-class _Strict(BaseModel):
-    # hide_input_in_errors: a ValidationError's text would quote its input, and a
-    # configuration's input may be a password (Kafka.Properties).
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True
-    )
-
-
-class TopicConfig(_Strict):
+class TopicConfig(Strict):
     """A log topic: one Kafka topic, the transaction log for one logical topic."""
 
     name: str = Field(alias="Name")
@@ -82,7 +61,7 @@ class TopicConfig(_Strict):
         return self
 
 
-class Expiration(_Strict):
+class Expiration(Strict):
     """Seed 000: disabled (default), enabled (per-message only) or a topic default."""
 
     mode: Literal["disabled", "enabled"]
@@ -101,7 +80,7 @@ class Expiration(_Strict):
         return cls(mode="enabled", default_seconds=parse_duration(value))  # type: ignore[arg-type]
 
 
-class SowConfig(_Strict):
+class SowConfig(Strict):
     """A SOW topic: the latest record per key of one log topic."""
 
     topic: str = Field(alias="Topic")
@@ -133,7 +112,7 @@ class SowConfig(_Strict):
         return paths
 
 
-class KafkaConfig(_Strict):
+class KafkaConfig(Strict):
     """Where Kafka is and how every client of the project connects to it.
 
     Properties are librdkafka's (security.protocol, sasl.*, ssl.*, client.id...), given to
@@ -196,7 +175,7 @@ def same_port(a: str, b: str) -> bool:
     return host_a == host_b or host_a in everywhere or host_b in everywhere
 
 
-class TLSConfig(_Strict):
+class TLSConfig(Strict):
     """The gateway's TLS (docs/security.md): its certificate and key, and the CA that signs
     the client certificates it accepts. Paths are relative to the configuration file."""
 
@@ -212,7 +191,7 @@ class TLSConfig(_Strict):
         return self
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(Strict):
     """The gateway's bounds (docs/operations.md, The gateway's bounds): every connection,
     command, reply and publish it holds is capped, so no client and no Kafka outage can
     grow the worker's memory without limit."""
@@ -236,7 +215,7 @@ class GatewayConfig(_Strict):
     _check_listen = field_validator("listen")(check_listen)
 
 
-class AuthenticationConfig(_Strict):
+class AuthenticationConfig(Strict):
     """Who may log on to the gateway (docs/security.md). Nobody, unless one of these is
     set: a users file of salted password hashes (`amps-kafka users`), the subject (CN) of
     a client certificate the gateway's TLS CA signed, or Anonymous: true."""
@@ -266,7 +245,7 @@ class AuthenticationConfig(_Strict):
 def check_topic_pattern(pattern: str) -> str:
     """A topic name (literal), else a regular expression over whole names, in RE2 syntax
     (as AMPS reads a topic with regex characters as a regex)."""
-    if _TOPIC_NAME.match(pattern):
+    if TOPIC_NAME.match(pattern):
         return pattern
     try:
         compile_pattern(pattern)
@@ -277,7 +256,7 @@ def check_topic_pattern(pattern: str) -> str:
     return pattern
 
 
-class ReadGrant(_Strict):
+class ReadGrant(Strict):
     """Read access to the topics a name or regex covers, limited by an entitlement filter."""
 
     topic: str = Field(alias="Topic")
@@ -297,7 +276,7 @@ class ReadGrant(_Strict):
         return value
 
 
-class Permissions(_Strict):
+class Permissions(Strict):
     """A user's or a role's grants: Read (topics or queues, each with an optional
     entitlement filter) and Write (topics or queues); a user's also its Roles."""
 
@@ -312,7 +291,7 @@ class Permissions(_Strict):
     )
 
 
-class EntitlementsConfig(_Strict):
+class EntitlementsConfig(Strict):
     """Who may do what (docs/security.md). Without this section every user who logs on
     may do everything; with it, only what Users (or their Roles) grant, and Default grants
     a user who has no entry."""
@@ -334,7 +313,7 @@ class EntitlementsConfig(_Strict):
         return self
 
 
-class AdminConfig(_Strict):
+class AdminConfig(Strict):
     """The worker's admin HTTP port (docs/operations.md, Metrics and admin): Prometheus
     metrics, /health, /ready, the /admin view and the status page. Off unless Listen is
     set: it tells anyone who can reach it the worker's clients and topics."""
@@ -359,7 +338,7 @@ class AdminConfig(_Strict):
 DEFAULT_WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 
 
-class StateConfig(_Strict):
+class StateConfig(Strict):
     """The worker's RocksDB stores. Their write-ahead log is off (the Kafka log is the
     log): what a crash makes the worker re-apply is what was written since the last
     flush, which comes when a memtable fills or FlushEvery has passed."""
@@ -370,7 +349,7 @@ class StateConfig(_Strict):
     flush_every: Seconds = Field(30.0, alias="FlushEvery", gt=0)
 
 
-class WorkerConfig(_Strict):
+class WorkerConfig(Strict):
     """The worker process itself."""
 
     # A summary line (applied records, lag, sessions, errors) every this often: a worker
@@ -389,134 +368,7 @@ class WorkerConfig(_Strict):
     standby: bool = Field(False, alias="Standby")
 
 
-Semantics = Literal["at-least-once", "at-most-once"]
-Fairness = Literal["fast", "round-robin", "proportional"]
-
-
-class QueueConfig(_Strict):
-    """A message queue: a view over the log topics its UnderlyingTopic regex matches (seed 001).
-
-    Defaults are this project's (AMPS leaves some to the instance): LeasePeriod 60s,
-    MaxPerSubscriptionBacklog 1000, no Expiration, no MaxCancels or MaxDeliveries limit.
-    """
-
-    name: str = Field(alias="Name")
-    underlying_topic: str | None = Field(None, alias="UnderlyingTopic")
-    default_publish_target: str | None = Field(None, alias="DefaultPublishTarget")
-    semantics: Semantics = Field("at-least-once", alias="Semantics")
-    lease_period: Seconds = Field(60.0, alias="LeasePeriod", gt=0)
-    expiration: Seconds | None = Field(None, alias="Expiration", gt=0)
-    max_per_subscription_backlog: int = Field(1000, alias="MaxPerSubscriptionBacklog", ge=1)
-    delivery_fairness: Fairness | None = Field(None, alias="DeliveryFairness")
-    max_cancels: int | None = Field(None, alias="MaxCancels", ge=0)
-    max_deliveries: int | None = Field(None, alias="MaxDeliveries", ge=1)
-    leasing: Literal["strict", "permissive"] = Field("strict", alias="Leasing")
-    priority: str | None = Field(None, alias="Priority")
-    barrier_expression: str | None = Field(None, alias="BarrierExpression")
-    target_queue_depth: int | None = Field(None, alias="TargetQueueDepth", ge=1)
-    dead_letter_topic: str | None = Field(None, alias="DeadLetterTopic")
-    # Without it a DeadLetterTopic missing from Kafka stops the worker at startup, as for SOW.
-    create_dead_letter_topic: bool = Field(False, alias="CreateDeadLetterTopic")
-
-    _check_name = field_validator("name")(check_topic_name)
-
-    @field_validator("default_publish_target", "dead_letter_topic")
-    @classmethod
-    def _topic_names(cls, value: str | None) -> str | None:
-        return None if value is None else check_topic_name(value)
-
-    @field_validator("underlying_topic")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
-        return value
-
-    @field_validator("priority")
-    @classmethod
-    def _priority(cls, value: str | None) -> str | None:
-        if value is not None:
-            compile_expression(value)  # FilterError is a ValueError: it names the position
-        return value
-
-    @field_validator("barrier_expression")
-    @classmethod
-    def _barrier(cls, value: str | None) -> str | None:
-        if value is not None:
-            compile_filter(value)
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> QueueConfig:
-        if self.semantics == "at-most-once" and self.delivery_fairness not in (None, "round-robin"):
-            raise ValueError(
-                f"DeliveryFairness {self.delivery_fairness!r}: an at-most-once queue supports "
-                "only round-robin"
-            )
-        if self.target_queue_depth is not None:
-            for key, value in (
-                ("Priority", self.priority),
-                ("BarrierExpression", self.barrier_expression),
-            ):
-                if value is not None:
-                    raise ValueError(f"TargetQueueDepth can't be set together with {key}")
-        target = self.default_publish_target
-        if target is not None and not self.views(target):
-            raise ValueError(
-                f"DefaultPublishTarget {target!r} does not match {self.underlying}, "
-                "so publishes to the queue would never enqueue"
-            )
-        return self
-
-    @property
-    def topic_pattern(self) -> str:
-        """UnderlyingTopic, or the queue's own name (matched literally) when there is none."""
-        return self.underlying_topic if self.underlying_topic is not None else re.escape(self.name)
-
-    @property
-    def underlying(self) -> str:
-        """The underlying topics as an error message names them: the pattern as written,
-        or the queue's own name (not its escaped pattern) when there is no UnderlyingTopic."""
-        if self.underlying_topic is not None:
-            return f"UnderlyingTopic {self.underlying_topic!r}"
-        return f"the topic {self.name!r} (the queue's name: no UnderlyingTopic is set)"
-
-    @cached_property
-    def _pattern(self) -> re.Pattern[str]:
-        return re.compile(self.topic_pattern)
-
-    def views(self, topic: str) -> bool:
-        """Whether a message published to this log topic is enqueued (the whole name matches)."""
-        return self._pattern.fullmatch(topic) is not None
-
-    @property
-    def publish_target(self) -> str | None:
-        """Where a publish to the queue's name goes; None when the name is an underlying topic.
-
-        A queue named differently from its underlying topics gets `<Name>_DIRECT` by default.
-        """
-        if self.default_publish_target is not None:
-            return self.default_publish_target
-        return None if self.views(self.name) else f"{self.name}_DIRECT"
-
-    @property
-    def enqueues_publishes_to_its_name(self) -> bool:
-        """False for a queue such as WorkToDo over Work: its default `<Name>_DIRECT` is not
-        one of its underlying topics, so it takes messages only from those."""
-        target = self.publish_target
-        return target is None or self.views(target)
-
-    @property
-    def fairness(self) -> Fairness:
-        if self.delivery_fairness is not None:
-            return self.delivery_fairness
-        return "proportional" if self.semantics == "at-least-once" else "round-robin"
-
-
-class Config(_Strict):
+class Config(Strict):
     """A whole configuration file."""
 
     kafka: KafkaConfig = Field(default_factory=KafkaConfig, alias="Kafka")

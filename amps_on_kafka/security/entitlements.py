@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from amps_on_kafka.config.model import EntitlementsConfig, Permissions, check_topic_name
+from amps_on_kafka.config.fields import check_topic_name
+from amps_on_kafka.config.model import EntitlementsConfig, Permissions
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.expr import Filter, compile_filter
 from amps_on_kafka.expr.patterns import compile_pattern
