@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from amps_on_kafka.config.durations import parse_duration
+from amps_on_kafka.expr import compile_filter
 
 # A duration: seconds, or text such as 30s, 5m, 1h (the JSON Schema allows both).
 Seconds = Annotated[float, BeforeValidator(parse_duration, json_schema_input_type=float | str)]
@@ -24,6 +25,14 @@ def check_topic_name(name: str) -> str:
             "(1-249 characters of letters, digits, '.', '_' and '-')"
         )
     return name
+
+
+def check_filter(value: str | None) -> str | None:
+    """An optional filter (an entitlement's Read grant, a queue's BarrierExpression)
+    compiled at load: FilterError is a ValueError, so the error names the position."""
+    if value is not None:
+        compile_filter(value)
+    return value
 
 
 class Strict(BaseModel):

@@ -21,11 +21,16 @@ from pydantic import (
 )
 
 from amps_on_kafka.config.durations import parse_duration
-from amps_on_kafka.config.fields import TOPIC_NAME, Seconds, Strict, check_topic_name
+from amps_on_kafka.config.fields import (
+    TOPIC_NAME,
+    Seconds,
+    Strict,
+    check_filter,
+    check_topic_name,
+)
 from amps_on_kafka.config.properties import redacted, resolve_all
 from amps_on_kafka.config.queues import QueueConfig
 from amps_on_kafka.errors import ConfigError
-from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.expr.patterns import PatternError, compile_pattern
 
 MessageType = Literal["json", "avro", "binary"]
@@ -268,12 +273,7 @@ class ReadGrant(Strict):
     def parse(cls, value: object) -> object:
         return {"Topic": value} if isinstance(value, str) else value
 
-    @field_validator("filter")
-    @classmethod
-    def _filter(cls, value: str | None) -> str | None:
-        if value is not None:
-            compile_filter(value)  # FilterError is a ValueError: it names the position
-        return value
+    _check_filter = field_validator("filter")(check_filter)
 
 
 class Permissions(Strict):

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from amps_on_kafka.config.fields import Seconds, Strict, check_topic_name
-from amps_on_kafka.expr import compile_expression, compile_filter
+from amps_on_kafka.config.fields import Seconds, Strict, check_filter, check_topic_name
+from amps_on_kafka.expr import compile_expression
 
 Semantics = Literal["at-least-once", "at-most-once"]
 Fairness = Literal["fast", "round-robin", "proportional"]
@@ -68,12 +68,7 @@ class QueueConfig(Strict):
             compile_expression(value)  # FilterError is a ValueError: it names the position
         return value
 
-    @field_validator("barrier_expression")
-    @classmethod
-    def _barrier(cls, value: str | None) -> str | None:
-        if value is not None:
-            compile_filter(value)
-        return value
+    _check_barrier = field_validator("barrier_expression")(check_filter)
 
     @model_validator(mode="after")
     def _consistent(self) -> QueueConfig:
