@@ -82,3 +82,40 @@ def test_a_turn_takes_fewer_records_while_a_deadline_is_near(bootstrap, tmp_path
     assert worker._turn_size(None) == worker._turn_size(now + NEAR_DEADLINE_MS) == BATCH_SIZE
     near = now + NEAR_DEADLINE_MS - 1
     assert worker._turn_size(near) == worker._turn_size(now - 5_000) == EXPIRY_TURN
+
+
+def test_a_reopened_store_sweeps_from_its_first_entry(tmp_path: Path) -> None:
+    """The floor lives in memory only: a store reopened after sweeps (a restart, a kill)
+    reads its expiry entries from the first again, so nothing written below the floor
+    before the restart is missed, and what was due while it was down is due at once."""
+    store = PartitionStore(tmp_path / "s", "t", 0, JSON)
+    try:
+        put(store, {"a": 5_000, "later": 90_000})
+        assert sweep(store, 7_000) == ["a"]
+        put(store, {"old": 2_000, "past": 3_000})
+    finally:
+        store.close()
+    reopened = PartitionStore(tmp_path / "s", "t", 0, JSON)
+    try:
+        assert reopened.next_deadline() == 2_000
+        assert sweep(reopened, 100_000) == ["old", "past", "later"]
+        assert reopened.next_deadline() is None and reopened.count() == 0
+    finally:
+        reopened.close()
+
+
+def test_a_record_updated_past_the_floor_is_swept_once_at_its_new_deadline(
+    tmp_path: Path,
+) -> None:
+    """A record whose deadline moved (an update) leaves no entry of its old deadline that
+    a later sweep would expire it by."""
+    store = PartitionStore(tmp_path / "s", "t", 0, JSON)
+    try:
+        put(store, {"a": 5_000, "b": 6_000})
+        assert sweep(store, 5_500) == ["a"]
+        put(store, {"b": 50_000, "a": 1_000})  # b moved later, a came back below the floor
+        assert sweep(store, 10_000) == ["a"]
+        assert [r.sow_key for r in store.scan()] == ["b"]
+        assert sweep(store, 60_000) == ["b"]
+    finally:
+        store.close()
