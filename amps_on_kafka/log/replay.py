@@ -196,8 +196,14 @@ class Replay:
                 # end of replay in this batch, so nothing to check per record. One codec:
                 # the batch's messages are built in one call, up to a record that is an
                 # error, and the loop below goes on from that one.
-                if native is not None:
-                    records = yield from self._read(records, codec, batches)
+                if native is not None:  # here, not in a helper: a generator frame a message
+                    if codec is not None:
+                        if batches:
+                            yield records
+                        yield from records  # what the reader left of it, or all of it
+                        if records.error is not None:
+                            _raise_consumer_error(KafkaError(*records.error))
+                    records = records.records(KafkaError)  # without one codec: all of it
                 elif codec is not None:
                     built = record_messages(records, codec)
                     if batches:
@@ -277,21 +283,6 @@ class Replay:
         if rest:
             yielded = (yield from self._checked(rest)) or yielded
         return yielded
-
-    def _read(
-        self, batch: Any, codec: Codec | None, batches: bool
-    ) -> Generator[LogMessage | object, None, list[Any]]:
-        """A batch of the compiled reader delivered: its messages (the batch itself first
-        if the reader takes batches; what it left of it after), up to a record that is an
-        error, raised as a consumer's is. Without one codec, the records to build."""
-        if codec is not None:
-            if batches:
-                yield batch
-            yield from batch
-            if batch.error is not None:
-                _raise_consumer_error(KafkaError(*batch.error))
-        records: list[Any] = batch.records(KafkaError)
-        return records
 
     def _batch_reaches_an_end(self) -> bool:
         """Whether the batch just consumed holds the last replayed record of a partition.
