@@ -307,11 +307,20 @@ impl RdReader {
             (api.conf_destroy)(conf);
             return Err(PyValueError::new_err(text(errstr.as_ptr())));
         }
-        (api.poll_set_consumer)(rk);
+        // Without a group.id librdkafka's consumer has no consumer queue (NULL): refused
+        // here rather than read from or destroyed later.
+        let queue = (api.queue_get_consumer)(rk);
+        if queue.is_null() || (api.poll_set_consumer)(rk) != 0 {
+            if !queue.is_null() {
+                (api.queue_destroy)(queue);
+            }
+            (api.destroy)(rk);
+            return Err(PyValueError::new_err("a consumer needs a group.id"));
+        }
         let handle = Handle {
             api,
             rk,
-            queue: (api.queue_get_consumer)(rk),
+            queue,
             closed: Mutex::new(false),
         };
         Ok(Self {

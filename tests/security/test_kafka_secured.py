@@ -23,6 +23,10 @@ from amps_on_kafka.broker.certs import make_ca, write_pem
 from amps_on_kafka.cli import main
 from amps_on_kafka.client import COMPLETED, AsyncClient, Client
 from amps_on_kafka.errors import TransportError
+from amps_on_kafka.log import replay as replay_module
+from amps_on_kafka.log.kafka import reader_config
+from amps_on_kafka.log.native_reader import native_reader
+from amps_on_kafka.log.replay import Replay
 
 PASSWORD_ENV = "AMPS_TEST_KAFKA_PASSWORD"
 WORKER_READY = 90.0  # seconds: a worker process on a busy 2-core machine
@@ -146,6 +150,31 @@ def test_the_asyncio_client_publishes_and_replays_over_sasl_ssl(secured_kafka):
                 return [message.data["id"] async for message in _until_completed(stream)]
 
     assert sorted(asyncio.run(publish_and_replay())) == [0, 1, 2]
+
+
+def test_a_replay_reads_over_sasl_ssl_through_either_reader(secured_kafka, monkeypatch):
+    """The compiled reader (log/native_reader.py) takes the secured broker's settings as
+    text, as confluent-kafka does: it reads over SASL_SSL, the same records."""
+    topic = f"secured-replay-{uuid.uuid4().hex[:8]}"
+    config = ("--kafka-config", str(secured_kafka.properties_file))
+    assert cli("topics", "create", topic, *config).exit_code == 0
+    with Client("secured-replay") as client:
+        client.connect(f"kafka://{secured_kafka.bootstrap}", kafka_config=config[1])
+        client.logon(timeout=CLEAR_ERROR)
+        for i in range(3):
+            client.publish(topic, {"id": i})
+        client.publish_flush(30)
+
+    def read(native: bool) -> list:
+        with Replay(secured_kafka.bootstrap, topic, "0", max_idle=1.0) as replay:
+            assert (replay._native is not None) is native
+            return [(m.bookmark, m.data) for m in replay if m is not COMPLETED]
+
+    compiled = native_reader(reader_config("127.0.0.1:1")) is not None
+    through_native = read(compiled)
+    monkeypatch.setattr(replay_module, "native_reader", lambda config: None)
+    assert through_native == read(False)
+    assert sorted(data["id"] for _, data in through_native) == [0, 1, 2]
 
 
 async def _until_completed(stream):
