@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import ssl
 import threading
 from collections.abc import Callable
@@ -46,6 +47,9 @@ from amps_on_kafka.server.stats import GatewayStats
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 10.0
+KEEPALIVE_IDLE = 60  # seconds of silence before the first probe
+KEEPALIVE_INTERVAL = 10  # seconds between probes
+KEEPALIVE_PROBES = 6  # unanswered probes before the kernel resets the connection
 T = TypeVar("T")
 
 
@@ -179,6 +183,7 @@ class Gateway:
         # copies out only the bytes read, so no large buffer is mapped per read.
         if hasattr(writer.transport, "max_size"):
             writer.transport.max_size = READ_SIZE
+        keep_alive(writer.get_extra_info("socket"))
         if len(self._sessions) + self._handshakes >= self.settings.max_connections:
             self.stats.refused += 1
             await self._refuse(writer)
@@ -355,3 +360,21 @@ def _shared_producer(bootstrap: str, settings: GatewayConfig) -> Producer:
             "queue.buffering.max.kbytes": 2 * settings.max_publish_bytes_in_flight // 1024,
         },
     )
+
+
+def keep_alive(sock: Any) -> None:
+    """TCP keepalive on a client's socket: a logged-on client may stay quiet for good, so
+    without it a peer whose host vanished (no FIN, no RST) would hold its session and a
+    MaxConnections slot until a write failed, which for a quiet one is never. Probes
+    after KEEPALIVE_IDLE seconds of silence, KEEPALIVE_PROBES of them KEEPALIVE_INTERVAL
+    apart: such a connection is closed about 2 minutes after its host went."""
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+        ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+    ):
+        if hasattr(socket, option):  # Linux names; other systems keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)

@@ -16,7 +16,13 @@ from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.protocol.frames import encode_frame
-from amps_on_kafka.server.gateway import Gateway, new_loop
+from amps_on_kafka.server.gateway import (
+    KEEPALIVE_IDLE,
+    KEEPALIVE_INTERVAL,
+    KEEPALIVE_PROBES,
+    Gateway,
+    new_loop,
+)
 from tests.server.helpers import Wire
 from tests.server.test_bounds import on_loop
 
@@ -93,3 +99,29 @@ def _small_send_buffers(gateway: Gateway) -> None:
     for session in gateway._sessions:
         sock = session.writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_client_socket_gets_tcp_keepalive_on_either_loop(
+    switch: str,
+    bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+    wire_to: Callable[[str], Wire],
+) -> None:
+    """A quiet logged-on client whose host vanished is found by keepalive probes, not held
+    with its MaxConnections slot for good (gateway.keep_alive)."""
+    monkeypatch.setenv("AMPS_UVLOOP", switch)
+    engine = SowEngine(Config(), {}, now_ms)
+    with Gateway(engine, bootstrap, listen="127.0.0.1:0") as gateway:
+        wire = wire_to(gateway.address)  # type: ignore[arg-type]
+        assert wire.logon().header["status"] == "success"
+        (session,) = gateway._sessions
+        sock = session.writer.get_extra_info("socket")
+        options = [
+            (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES),
+        ]
+        for level, option, value in options:
+            assert sock.getsockopt(level, option) == value
