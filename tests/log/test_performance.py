@@ -5,9 +5,9 @@ and data, alternating, and the best ratio of a few rounds is compared with a flo
 busy machine slows both sides alike and a one-off stall costs one round, so only a real
 regression fails it. Publishing's floor is half of issue 18's target (0.8x): its best of
 three 20k-message rounds was 0.89-1.42x on a 2-core host at load 10 (single rounds
-0.23-5.6x). The replay reaches 0.43-0.59x, within noise of half its target (0.42x), so its
-floor is about 60% of today's ratio, a drop of the kind a doubled per-message Python cost
-makes.
+0.23-5.6x). The replay's floor is half its target too, now that the replay holds it:
+its best of three rounds here was 1.91x with its compiled reader, 1.17x with
+confluent-kafka's (2026-11-27, quiet host); 0.43-0.59x when the floor was first set.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bench.log import client_publish, client_replay, raw_consume, raw_produce
 SAMPLE = 20_000  # messages per round: enough that the per-message cost dominates
 ROUNDS = 3
 PUBLISH_FLOOR = 0.4  # of raw produce carrying the same metadata (issue 18's target: 0.8x)
-REPLAY_FLOOR = 0.3  # of raw consume (issue 18's target: 0.85x)
+REPLAY_FLOOR = 0.4  # of raw consume (issue 18's target: 0.85x)
 
 
 @pytest.mark.timing
