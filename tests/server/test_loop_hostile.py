@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -16,20 +14,11 @@ from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.gateway import Gateway
+from tests.polling import until
 from tests.server.helpers import Wire
 from tests.server.test_loop import _running_kind
 
 IDLE = 500
-
-
-def _until(done: Callable[[], bool], timeout: float = 15.0) -> bool:
-    """Whether `done()` became true within `timeout` (the gateway's loop does it)."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _reset(sock: socket.socket) -> None:
@@ -51,12 +40,12 @@ def test_many_idle_and_reset_connections_leave_no_sessions(
         half = encode_frame({"c": "logon", "cid": "1", "client_name": "x"})[:-3]
         for sock in idle[::2]:
             sock.sendall(half)  # half a frame, then nothing
-        assert _until(lambda: gateway.session_count == IDLE)
+        until(lambda: gateway.session_count == IDLE, "every idle connection a session")
         wire = Wire(gateway.address)  # type: ignore[arg-type]
         assert wire.logon("served").header["status"] == "success"
         assert wire.request({"c": "heartbeat", "cid": "h"}).header["status"] == "success"
         for sock in idle:
             _reset(sock)
-        assert _until(lambda: gateway.session_count == 1)  # only `wire`'s
+        until(lambda: gateway.session_count == 1, "only wire's session left")
         wire.close()
-        assert _until(lambda: gateway.session_count == 0)
+        until(lambda: gateway.session_count == 0, "no session left")
