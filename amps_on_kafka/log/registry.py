@@ -24,6 +24,7 @@ from amps_on_kafka.log.codecs import Codec, codec_for
 from amps_on_kafka.log.kafka import (
     METADATA_TIMEOUT,
     admin_client,
+    consume_available,
     log_producer,
     partitions_of,
     reader,
@@ -153,7 +154,10 @@ class TopicRegistry:
 
     def _write(self, name: str, value: bytes | None) -> None:
         ensure_registry_topic(self._admin)
-        producer = log_producer(self.bootstrap, **{"linger.ms": 0})
+        # Not idempotent: one record, keyed, whose value is the whole entry, so a retry's
+        # duplicate changes nothing; an idempotent producer's first send waits for its
+        # producer id, 0.1-1 s (a test run creates over a thousand topics).
+        producer = log_producer(self.bootstrap, **{"linger.ms": 0, "enable.idempotence": False})
         try:
             producer.produce(REGISTRY_TOPIC, key=name.encode(), value=value)
             if producer.flush(METADATA_TIMEOUT) != 0:
@@ -178,7 +182,8 @@ class TopicRegistry:
             while _position(consumer) < high:
                 if time.monotonic() > deadline:
                     raise TransportError("timed out reading the topic registry")
-                for record in consumer.consume(1000, timeout=0.5):
+                # returns once records arrive: consume's batch waits out its timeout
+                for record in consume_available(consumer, 1000, 0.5):
                     if not record.error():
                         _apply(specs, record.key(), record.value())
             return specs
