@@ -39,6 +39,7 @@ from amps_on_kafka.state.queue_types import (
 COLUMN_FAMILIES = ("entries", "early", "meta")
 GONE = (Status.REMOVED, Status.TAKEN)  # out of the queue: deleted from the store
 _SEQ = struct.Struct(">q")
+_LAST_SEQ = 2**63 - 1
 _LENGTH = struct.Struct(">I")
 _POSITIONS, _EVENTS, _NEXT_SEQ, _RECOVERY = b"positions", b"events", b"next_seq", b"recovery"
 NO_DEADLINE = -1
@@ -80,21 +81,51 @@ def _put_entries_twin(
     batch: WriteBatch, column: ColumnFamily, entries: Iterable[QueueEntry]
 ) -> None:
     """put_entries in Python: what the compiled core leaves to it, or all without it."""
+    removed = []
     for entry in entries:
         if entry.status in GONE:
-            if entry.stored:
-                batch.delete(_SEQ.pack(entry.seq), column)
+            if entry.stored:  # the number as its key holds it (struct's error if it can't)
+                removed.append(_SEQ.unpack(_SEQ.pack(entry.seq))[0])
         else:
             batch.put(_SEQ.pack(entry.seq), encode_entry(entry), column)
             entry.stored = True
+    _delete_runs(batch, column, removed)
+
+
+# A run of at least this many consecutive arrival numbers that left the queue is deleted
+# from the store as one range. A queue acked in order removes thousands of consecutive
+# entries between checkpoints: a tombstone a key cost RocksDB ~1 us a message (the batch's
+# delete and its write), a range a few a checkpoint; a short run keeps a key each, as
+# RocksDB's reads slow with many range tombstones.
+DELETE_RANGE_FROM = 8
+
+
+def _delete_runs(batch: WriteBatch, column: ColumnFamily, seqs: list[int]) -> None:
+    """The stored copies of entries that left the queue deleted, after the checkpoint's
+    puts (no arrival number is both), each run of DELETE_RANGE_FROM or more as one range:
+    the keys of non-negative numbers sort as the numbers do, and the entries' column
+    holds no other kind of key."""
+    seqs.sort()
+    at, count = 0, len(seqs)
+    while at < count:
+        end = at + 1
+        while end < count and seqs[end] == seqs[end - 1] + 1:
+            end += 1
+        first, after = seqs[at], seqs[end - 1] + 1
+        if end - at >= DELETE_RANGE_FROM and first >= 0 and after <= _LAST_SEQ:
+            batch.delete_range(_SEQ.pack(first), _SEQ.pack(after), column)
+        else:
+            for seq in seqs[at:end]:
+                batch.delete(_SEQ.pack(seq), column)
+        at = end
 
 
 # One call a checkpoint: each changed entry put in `column` of the batch (encoded by
-# encode_entry), or deleted from it once it left the queue if it was ever stored. The
-# compiled core writes encode_entry's bytes itself (~1 us of the queue thread a message
-# that outlives a checkpoint, in Python).
+# encode_entry), or deleted from it once it left the queue if it was ever stored
+# (`_delete_runs`). The compiled core writes encode_entry's bytes itself (~1 us of the
+# queue thread a message that outlives a checkpoint, in Python).
 put_entries: Callable[[WriteBatch, ColumnFamily, Iterable[QueueEntry]], None] = (
-    core.EntryWriter(QueueEntry, GONE, _put_entries_twin).put
+    core.EntryWriter(QueueEntry, GONE, _put_entries_twin, DELETE_RANGE_FROM).put
     if core is not None
     else _put_entries_twin
 )

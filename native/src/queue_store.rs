@@ -1,6 +1,7 @@
 //! A queue checkpoint's entries (`amps_on_kafka/state/queue_store.py`, `put_entries`; its
 //! twin `_put_entries_twin`): each changed message encoded and put in the checkpoint's
-//! `WriteBatch`, or its stored copy deleted once it left the queue.
+//! `WriteBatch`, or its stored copy deleted once it left the queue (runs of consecutive
+//! arrival numbers as one range, `delete_runs`).
 //!
 //! Per entry the twin reads ten attributes, builds a list and a list of header pairs,
 //! encodes them with orjson, joins the length, the JSON and the payload, and packs the
@@ -66,6 +67,7 @@ struct EntryWriter {
     at: [isize; 13],
     gone: Py<PyTuple>,
     twin: Py<PyAny>,
+    shortest_range: usize,
 }
 
 #[pymethods]
@@ -73,9 +75,17 @@ impl EntryWriter {
     /// `cls`: QueueEntry (slots, no `__dict__`); `gone`: the statuses of a message out
     /// of the queue (`GONE`); `twin`: the Python function that puts a list of entries
     /// (`_put_entries_twin`), given any entry that is not a QueueEntry exactly, has a
-    /// slot unset or a field this code does not write.
+    /// slot unset or a field this code does not write; `shortest_range`
+    /// (`DELETE_RANGE_FROM`): a run of at least this many consecutive arrival numbers
+    /// that left the queue is deleted as one range (by default none is: a key each).
     #[new]
-    fn new(cls: &Bound<PyType>, gone: Py<PyTuple>, twin: Py<PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (cls, gone, twin, shortest_range = usize::MAX))]
+    fn new(
+        cls: &Bound<PyType>,
+        gone: Py<PyTuple>,
+        twin: Py<PyAny>,
+        shortest_range: usize,
+    ) -> PyResult<Self> {
         check_layout(cls)?;
         let mut at = [0; 13];
         for (place, name) in at.iter_mut().zip(SLOTS) {
@@ -86,11 +96,12 @@ impl EntryWriter {
             at,
             gone,
             twin,
+            shortest_range,
         })
     }
 
-    /// For each entry: deleted from `column` of `batch` if it left the queue and was
-    /// stored, else put there encoded (and marked stored).
+    /// For each entry: put in `column` of `batch` encoded (and marked stored), or, if it
+    /// left the queue and was stored, deleted from it after the puts (`delete_runs`).
     fn put(
         &self,
         batch: &Bound<PyAny>,
@@ -99,27 +110,28 @@ impl EntryWriter {
     ) -> PyResult<()> {
         let py = batch.py();
         let gone = self.gone.bind(py);
+        let mut removed = Vec::new();
         for entry in entries.try_iter()? {
             let entry = entry?;
-            let Some((fields, key)) = self.fields(&entry).and_then(|f| {
-                let key = seq_key(f.get(SEQ))?;
-                Some((f, key))
+            let Some((fields, seq)) = self.fields(&entry).and_then(|f| {
+                let seq = seq_of(f.get(SEQ))?;
+                Some((f, seq))
             }) else {
                 self.twin.bind(py).call1((batch, column, [&entry]))?;
                 continue;
             };
             if gone.contains(fields.get(STATUS))? {
                 if fields.get(STORED).is_truthy()? {
-                    batch.call_method1(intern!(py, "delete"), (key, column))?;
+                    removed.push(seq);
                 }
             } else if let Some(value) = encoded(&fields)? {
-                batch.call_method1(intern!(py, "put"), (key, value, column))?;
+                batch.call_method1(intern!(py, "put"), (key(py, seq), value, column))?;
                 entry.setattr(intern!(py, "stored"), true)?;
             } else {
                 self.twin.bind(py).call1((batch, column, [&entry]))?;
             }
         }
-        Ok(())
+        delete_runs(batch, column, removed, self.shortest_range)
     }
 
     /// `encode_entry(entry)` as this code writes it, or None where it leaves the entry
@@ -302,13 +314,53 @@ fn write_int(out: &mut Vec<u8>, number: &Bound<PyAny>) -> bool {
     true
 }
 
-/// A stored entry's key (`_SEQ`: big-endian signed 64 bits), if `seq` is an int that fits.
-fn seq_key<'py>(seq: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
+/// A stored entry's arrival number, if `seq` is an int that fits its key.
+fn seq_of(seq: &Bound<PyAny>) -> Option<i64> {
     if !seq.is_exact_instance_of::<PyInt>() {
         return None;
     }
-    let number = seq.extract::<i64>().ok()?;
-    Some(PyBytes::new(seq.py(), &number.to_be_bytes()))
+    seq.extract::<i64>().ok()
+}
+
+/// A stored entry's key (`_SEQ`: big-endian signed 64 bits).
+fn key(py: Python<'_>, seq: i64) -> Bound<'_, PyBytes> {
+    PyBytes::new(py, &seq.to_be_bytes())
+}
+
+/// The twin's `_delete_runs`: the stored copies of entries that left the queue deleted,
+/// a run of at least `shortest` consecutive non-negative arrival numbers as one range
+/// (its keys sort as the numbers do), any other a key at a time. A queue acked in order
+/// removes thousands of consecutive entries a checkpoint: a tombstone each cost RocksDB
+/// ~1 us a message (the batch's delete and its write), the range a few a checkpoint.
+fn delete_runs(
+    batch: &Bound<PyAny>,
+    column: &Bound<PyAny>,
+    mut seqs: Vec<i64>,
+    shortest: usize,
+) -> PyResult<()> {
+    let py = batch.py();
+    seqs.sort_unstable();
+    let mut at = 0;
+    while at < seqs.len() {
+        let mut end = at + 1;
+        while end < seqs.len() && seqs[end - 1].checked_add(1) == Some(seqs[end]) {
+            end += 1;
+        }
+        let (first, last) = (seqs[at], seqs[end - 1]);
+        match last.checked_add(1) {
+            Some(after) if end - at >= shortest && first >= 0 => {
+                let range = (key(py, first), key(py, after), column);
+                batch.call_method1(intern!(py, "delete_range"), range)?;
+            }
+            _ => {
+                for &seq in &seqs[at..end] {
+                    batch.call_method1(intern!(py, "delete"), (key(py, seq), column))?;
+                }
+            }
+        }
+        at = end;
+    }
+    Ok(())
 }
 
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {

@@ -17,6 +17,8 @@ from rocksdict import WriteBatch
 
 from amps_on_kafka.native import core
 from amps_on_kafka.state.queue_store import (
+    _SEQ,
+    DELETE_RANGE_FROM,
     QueueStore,
     _put_entries_twin,
     decode_entry,
@@ -130,6 +132,58 @@ def test_the_writer_leaves_the_store_as_the_twin_does(stores, batch, stored_firs
             entry.stored = True
     copies = [clone(entry) for entry in batch]
     assert written(ours, put_entries, batch) == written(twin, _put_entries_twin, copies)
+
+
+LIVE = 48  # entries in the store before the checkpoint: arrival numbers 0..47
+RUNS = st.lists(st.tuples(st.integers(0, LIVE - 1), st.integers(1, 20)), max_size=4).map(
+    lambda runs: {n for start, length in runs for n in range(start, min(LIVE, start + length))}
+)
+FAR = st.sampled_from([[], list(range(-12, 0)), [2**63 - 12 + i for i in range(12)]])
+
+
+@given(RUNS, st.sets(st.integers(0, LIVE - 1)), FAR)
+def test_deletes_by_range_remove_exactly_the_entries_that_left(stores, gone, put, far):
+    """A checkpoint that removes runs of consecutive entries (deleted as ranges) among
+    others still stored, and puts others again: the compiled writer and the twin leave the
+    same store, holding every entry that did not leave, as last put. Runs of negative
+    numbers or at the end of the key's range (kept a key each) leave too."""
+    results = []
+    for store, put_ in zip(stores, (put_entries, _put_entries_twin), strict=True):
+        column = store._handles["entries"]
+        first = WriteBatch(raw_mode=True)
+        seqs = [*range(LIVE), *far]
+        _put_entries_twin(first, column, [QueueEntry(("t", 0, n), 7, b"{}", seq=n) for n in seqs])
+        store.commit(first, 0)
+        removed = [
+            QueueEntry(("t", 0, n), 7, b"{}", seq=n, stored=True, status=Status.REMOVED)
+            for n in sorted(gone | set(far), reverse=True)
+        ]
+        again = [QueueEntry(("t", 1, n), 8, b"[]", seq=n) for n in sorted(put - gone)]
+        results.append(written(store, put_, removed + again))
+    assert results[0] == results[1]
+    kept = {
+        _SEQ.unpack(key)[0]: decode_entry(0, value, lambda _: None).id[1]
+        for key, value in results[0][1].items()
+    }
+    assert kept == {n: int(n in put) for n in range(LIVE) if n not in gone}
+
+
+def test_a_run_of_entries_that_left_is_one_delete(stores):
+    """What a queue acked in order removes between checkpoints costs the batch one range
+    (else no gain), and a shorter run a delete each."""
+    column = stores[0]._handles["entries"]
+    for put_ in (put_entries, _put_entries_twin):
+        for count, operations in (
+            (DELETE_RANGE_FROM * 10, 1),
+            (DELETE_RANGE_FROM - 1, DELETE_RANGE_FROM - 1),
+        ):
+            gone = [
+                QueueEntry(("t", 0, n), 7, b"{}", seq=n, stored=True, status=Status.REMOVED)
+                for n in range(100, 100 + count)
+            ]
+            batch = WriteBatch(raw_mode=True)
+            put_(batch, column, gone)
+            assert batch.len() == operations
 
 
 class Subclassed(QueueEntry):
