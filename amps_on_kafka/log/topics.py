@@ -6,6 +6,7 @@ a restore or a Spark job computes the same deadline as the live worker did.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -169,7 +170,24 @@ def create_topics(admin: AdminClient, topics: list[NewTopic]) -> dict[str, bool]
     if not topics:
         return {}
     futures = admin.create_topics(topics, operation_timeout=METADATA_TIMEOUT)
-    return {t.topic: _created(futures[t.topic], t.topic) for t in topics}
+    created = {t.topic: _created(futures[t.topic], t.topic) for t in topics}
+    _await_listed(admin, {t.topic: t.num_partitions for t in topics if created[t.topic]})
+    return created
+
+
+def _await_listed(admin: AdminClient, partitions: dict[str, int]) -> None:
+    """Return once Kafka's metadata lists each topic with its partitions. A topic is made
+    by the controller and reaches a broker's metadata a moment later (a few ms, more on
+    a loaded machine): a publisher or worker asking at once would be told it does not
+    exist. Kafka offers nothing to wait on, so its metadata is asked again until then."""
+    deadline = time.monotonic() + METADATA_TIMEOUT
+    while partitions and _partition_counts(admin, list(partitions)) != partitions:
+        if time.monotonic() > deadline:
+            raise TransportError(
+                f"Kafka created {', '.join(map(repr, partitions))}, but its metadata does "
+                f"not list them with their partitions after {METADATA_TIMEOUT:g} s"
+            )
+        time.sleep(0.02)
 
 
 def repartition_topic(topic: str) -> str:
