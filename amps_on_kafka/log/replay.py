@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from amps_on_kafka.errors import InvalidBookmark, MessageError, TransportError, UnknownTopic
 from amps_on_kafka.expr.patterns import PatternError, compile_pattern
+from amps_on_kafka.log import replay_watch
 from amps_on_kafka.log.bookmarks import (
     TP,
     Bookmark,
@@ -43,6 +44,7 @@ from amps_on_kafka.log.message import (
 )
 from amps_on_kafka.log.native_reader import native_reader, positions
 from amps_on_kafka.log.registry import TopicRegistry
+from amps_on_kafka.log.replay_watch import ReplayWatch
 
 Predicate = Callable[[Any], bool]
 _PLAIN_TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -80,6 +82,10 @@ class Replay:
     `max_idle`, iteration ends when nothing was yielded for that many seconds: a quiet log,
     or records the predicate drops (checked between batches, so iterating again goes on
     exactly where it stopped). That is what lets a follower of the replay wake on time.
+
+    A topic deleted while it is replayed ends the replay with UnknownTopic, and Kafka not
+    answering for `outage_limit` seconds (replay_watch.OUTAGE_LIMIT, 60, by default) with
+    TransportError: both are noticed while polls come back empty (log/replay_watch.py).
     """
 
     def __init__(
@@ -93,6 +99,7 @@ class Replay:
         registry: TopicRegistry | None = None,
         max_idle: float | None = None,
         batch_size: int = BATCH_SIZE,
+        outage_limit: float | None = None,
     ) -> None:
         self.predicate = predicate
         self.max_idle = max_idle
@@ -105,8 +112,11 @@ class Replay:
         # it connects while the consumer prepares.
         plain = predicate is None and until is None and RECORD_BUILDER is not None
         self._native: Any = native_reader(config) if plain else None
+        self._watch: ReplayWatch | None = None
         try:
             self._prepare(bootstrap, topic, bookmark, until, registry)
+            limit = replay_watch.OUTAGE_LIMIT if outage_limit is None else outage_limit
+            self._watch = ReplayWatch(bootstrap, self.topics, limit)
             self._open()
         except BaseException:
             self.close()
@@ -144,6 +154,8 @@ class Replay:
         if self._native is not None:
             self._native.close()
         self._consumer.close()
+        if self._watch is not None:
+            self._watch.close()
 
     def __enter__(self) -> Replay:
         return self
@@ -176,6 +188,8 @@ class Replay:
         idle_since = time.monotonic()
         codecs, pending = self._codecs, self._pending  # the set _catch_up_gaps empties
         consumer, batch_size, native = self._consumer, self.batch_size, self._native
+        watch = self._watch  # asks Kafka whether the topics are still there, while quiet
+        assert watch is not None  # made with the replay
         plain = self.predicate is None and self.stops is None  # every record is delivered
         codec = next(iter(codecs.values())) if len(codecs) == 1 else None
         # a filter and no stop: a batch with no end of the replay in it is built at once
@@ -186,6 +200,7 @@ class Replay:
             else:
                 records = consume_available(consumer, batch_size, 0.2)
             if not records:
+                watch.quiet()
                 if not self._idle_over(idle_since):
                     if pending and self._catch_up_gaps():
                         yield COMPLETED
@@ -333,6 +348,8 @@ def _matches(predicate: Predicate, message: LogMessage) -> bool:
 def _raise_consumer_error(error: KafkaError) -> None:
     if error.code() == KafkaError._PARTITION_EOF:
         return
+    if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+        raise UnknownTopic(f"a topic was deleted while it was replayed: {error.str()}")
     if error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
         raise InvalidBookmark(
             f"the replay position left the log (retention removed it): {error.str()}"
