@@ -227,6 +227,11 @@ def log_producer(bootstrap: str, **overrides: Any) -> Producer:
     whichever client published it. A topic whose producers use another partitioner
     gets an explicit partition from the publisher (log/publisher.py).
     """
+    return Producer(log_producer_config(bootstrap, **overrides))
+
+
+def log_producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """log_producer()'s configuration (the gateway's compiled producer takes it too)."""
     config = {
         **client_config(bootstrap),
         "enable.idempotence": True,
@@ -240,7 +245,7 @@ def log_producer(bootstrap: str, **overrides: Any) -> Producer:
         "topic.metadata.refresh.interval.ms": 30_000,
     }
     config.update(overrides)
-    return Producer(config)
+    return config
 
 
 def reader(bootstrap: str, **overrides: Any) -> Consumer:

@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from amps_on_kafka.errors import MessageError
 from amps_on_kafka.log.codecs import JsonCodec, check_topic
-from amps_on_kafka.log.envelope import H_SEQUENCE, H_SOW_KEY
+from amps_on_kafka.log.envelope import H_PUBLISHER, H_SEQUENCE, H_SOW_KEY
 from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER
 from amps_on_kafka.log.keys import KeyExtractor
 from amps_on_kafka.log.registry import TopicSpec
@@ -190,9 +190,22 @@ class OneFramePublishers:
         index in `produced`, where each one produced is appended; it returns the index of
         the first publish_encoded did not take (`end` when it took all). The compiled one
         (native/src/publish.rs, EncodedRun) produces the common case itself and hands
-        publish_encoded the rest; `_run_twin` is its twin."""
+        publish_encoded the rest; `_run_twin` is its twin. On the gateway's compiled
+        producer (log/native_producer.py) it is ProducerRun (native/src/rdkafka_producer.rs),
+        whose records are reported as the batch's (base | index) without a callback."""
         if core is None:
             return self._run_twin()
+        if getattr(self._producer, "compiled", False):
+            return core.ProducerRun(  # type: ignore[no-any-return]
+                self._producer.core,  # type: ignore[attr-defined]
+                self.publish_encoded,
+                self._routes,
+                self._counts,
+                time.monotonic,
+                self._sequences,
+                self._publisher_header[1],
+                [H_PUBLISHER, H_SEQUENCE, H_SOW_KEY],
+            )
         return core.EncodedRun(  # type: ignore[no-any-return]
             self.publish_encoded,
             self._routes,

@@ -25,7 +25,8 @@ from confluent_kafka import Producer
 
 from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.errors import TransportError
-from amps_on_kafka.log.kafka import log_producer
+from amps_on_kafka.log.kafka import client_config, log_producer_config
+from amps_on_kafka.log.native_producer import CompiledProducer, native_producer
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.queues import QueueEngine
@@ -349,17 +350,21 @@ def new_loop(tls: bool) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-def _shared_producer(bootstrap: str, settings: GatewayConfig) -> Producer:
+def _shared_producer(bootstrap: str, settings: GatewayConfig) -> Producer | CompiledProducer:
     """The worker's one producer for every session (see server/publishing.py): Kafka is
     given PublishTimeout to acknowledge a publish, and its local queue room for the whole
-    PublishBudget, so a publish waits for the budget on the event loop, never in produce()."""
-    return log_producer(
+    PublishBudget, so a publish waits for the budget on the event loop, never in produce().
+    The compiled core's (log/native_producer.py) where it produces as confluent-kafka's
+    would, else confluent-kafka's."""
+    config = log_producer_config(
         bootstrap,
         **{
             "message.timeout.ms": int(settings.publish_timeout * 1000),
             "queue.buffering.max.kbytes": 2 * settings.max_publish_bytes_in_flight // 1024,
         },
     )
+    compiled = native_producer(config, client_config(bootstrap))
+    return Producer(config) if compiled is None else compiled  # (its len() is 0: falsy)
 
 
 def keep_alive(sock: Any) -> None:

@@ -42,6 +42,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from amps_on_kafka.errors import AmpsError, PublishError
 from amps_on_kafka.log.codecs import avro_document
 from amps_on_kafka.log.envelope import Command
+from amps_on_kafka.log.native_producer import CompiledProducer
 from amps_on_kafka.log.publisher import LogPublisher, Persisted
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.native import core
@@ -85,12 +86,20 @@ INDEX_MASK = (1 << BATCH_BITS) - 1
 class DeliveryPump:
     """Runs the shared producer's delivery callbacks, off the event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, producer: Producer, timeout: float) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, producer: Producer | CompiledProducer, timeout: float
+    ) -> None:
         self._loop = loop
         self._producer = producer
         self._timeout = timeout
         self._outcomes: deque[tuple[Callable[[Any], None], Any]] = deque()
         self._posted = False
+        # Batches by number, every session's (numbered here, so that a compiled producer's
+        # reports, which carry only the number, find theirs), with their finish.
+        self.batch_numbers = itertools.count()
+        self.batches: dict[int, tuple[PublishBatch, Callable[[PublishBatch], None]]] = {}
+        if getattr(producer, "compiled", False):  # reports come by the batch (native_producer)
+            producer.serve_batches(self._batch_reports)  # type: ignore[union-attr]
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="amps-gateway-deliveries", daemon=True
@@ -122,6 +131,18 @@ class DeliveryPump:
             self._posted = True
             with suppress(RuntimeError):  # the loop is closed: the gateway stopped
                 self._loop.call_soon_threadsafe(self._drain)
+
+    def _batch_reports(self, groups: list[tuple[int, int, list[tuple[int, int, str]]]]) -> None:
+        """A poll's reports of batched records from the compiled producer, by batch
+        (number, reports, failures): counted down as each report is by BatchDelivery."""
+        for batch_number, reports, failures in groups:
+            batch, finish = self.batches[batch_number]
+            for index, code, reason in failures:
+                batch.failures.append((index, self.failure_reason(KafkaError(code, reason))))
+            draws = batch.reports
+            for _ in range(reports):
+                if next(draws) == batch.expected:
+                    self.post(finish, batch)
 
     def failure_reason(self, error: KafkaError) -> str:
         """What the publisher is told: a timeout says how long Kafka was given."""
@@ -289,7 +310,6 @@ class Writes:
         self._flushes: list[tuple[int, asyncio.Future[None]]] = []
         self._known: set[str] = set()
         self._batches: dict[int, PublishBatch] = {}  # by number, until reported
-        self._batch_numbers = itertools.count()
         self.delivery = batch_deliveries(self._batches, self.pump, self.finish_batch)
 
     async def spec(self, topic: str) -> TopicSpec:
@@ -341,9 +361,10 @@ class Writes:
     def open_batch(self, size: int, commands: int) -> PublishBatch:
         """A batch holding a budget share of `size` bytes and `commands` commands."""
         self._last_ticket = next(self._issued)
-        batch = PublishBatch(next(self._batch_numbers), self._last_ticket, size, commands)
+        batch = PublishBatch(next(self.pump.batch_numbers), self._last_ticket, size, commands)
         self._inflight[batch.ticket] = batch
         self._batches[batch.number] = batch
+        self.pump.batches[batch.number] = (batch, self.finish_batch)
         return batch
 
     def seal(self, batch: PublishBatch, unused_size: int) -> None:
@@ -362,6 +383,7 @@ class Writes:
     def finish_batch(self, batch: PublishBatch) -> None:
         """Kafka reported every record of `batch`: a failure ack for each that failed."""
         del self._batches[batch.number]
+        del self.pump.batches[batch.number]
         for index, reason in sorted(batch.failures):
             self.session.send(ack(publish_header(batch.publishes[index]), "persisted", reason))
         succeeded = batch.commands - len(batch.failures)

@@ -182,7 +182,7 @@ fn publish_key<'py>(payload: &Bound<'py, PyBytes>, field: Option<&str>) -> Bound
 }
 
 /// Whether `payload` is JSON orjson surely takes.
-fn valid(payload: &[u8]) -> bool {
+pub(crate) fn valid(payload: &[u8]) -> bool {
     let Ok(text) = std::str::from_utf8(payload) else {
         return false;
     };

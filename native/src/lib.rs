@@ -16,6 +16,7 @@ mod queue_enqueue;
 mod queue_entries;
 mod queue_messages;
 mod queue_store;
+mod rdkafka_producer;
 mod rdkafka_reader;
 mod records;
 mod scans;
@@ -31,6 +32,7 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     frame_buffer::register(m)?;
     records::register(m)?;
     rdkafka_reader::register(m)?;
+    rdkafka_producer::register(m)?;
     filters::register(m)?;
     acks::register(m)?;
     scans::register(m)?;

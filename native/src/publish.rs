@@ -283,18 +283,14 @@ impl DocumentPublisher {
         .into_any())
     }
 
-    /// Whether the cached partition count of `name` is missing, expired or not the one
-    /// the route was made with (`cached is None or cached[1] <= monotonic() or
-    /// cached[0] != partitions`).
     fn count_stale(&self, name: &Bound<PyAny>, partitions: &Bound<PyAny>) -> PyResult<bool> {
         let py = name.py();
-        let Some(cached) = self.counts.bind(py).get_item(name)? else {
-            return Ok(true);
-        };
-        if cached.get_item(1)?.le(self.monotonic.bind(py).call0()?)? {
-            return Ok(true);
-        }
-        cached.get_item(0)?.ne(partitions)
+        count_stale(
+            self.counts.bind(py),
+            self.monotonic.bind(py),
+            name,
+            partitions,
+        )
     }
 
     /// `not sequence % poll_every`.
@@ -478,21 +474,37 @@ impl EncodedRun {
         }
     }
 
-    /// As DocumentPublisher's: the cached count of `name` missing, expired or changed.
     fn count_stale(&self, name: &Bound<PyAny>, partitions: &Bound<PyAny>) -> PyResult<bool> {
         let py = name.py();
-        let Some(cached) = self.counts.bind(py).get_item(name)? else {
-            return Ok(true);
-        };
-        if cached.get_item(1)?.le(self.monotonic.bind(py).call0()?)? {
-            return Ok(true);
-        }
-        cached.get_item(0)?.ne(partitions)
+        count_stale(
+            self.counts.bind(py),
+            self.monotonic.bind(py),
+            name,
+            partitions,
+        )
     }
 }
 
+/// Whether the cached partition count of `name` is missing, expired or not the one the
+/// route was made with (`cached is None or cached[1] <= monotonic() or cached[0] !=
+/// partitions`), as the twins check it.
+pub(crate) fn count_stale(
+    counts: &Bound<PyDict>,
+    monotonic: &Bound<PyAny>,
+    name: &Bound<PyAny>,
+    partitions: &Bound<PyAny>,
+) -> PyResult<bool> {
+    let Some(cached) = counts.get_item(name)? else {
+        return Ok(true);
+    };
+    if cached.get_item(1)?.le(monotonic.call0()?)? {
+        return Ok(true);
+    }
+    cached.get_item(0)?.ne(partitions)
+}
+
 /// `b"%d" % sequence`.
-fn digits<'py>(sequence: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn digits<'py>(sequence: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = sequence.py();
     Ok(match sequence.extract::<i64>() {
         Ok(number) => PyBytes::new(py, number.to_string().as_bytes()),

@@ -29,16 +29,16 @@ const OFFSET_INVALID: i64 = -1001;
 
 /// `rd_kafka_message_t`, public and stable in rdkafka.h.
 #[repr(C)]
-struct RawMessage {
-    err: c_int,
-    rkt: *mut c_void,
-    partition: i32,
+pub(crate) struct RawMessage {
+    pub(crate) err: c_int,
+    pub(crate) rkt: *mut c_void,
+    pub(crate) partition: i32,
     payload: *mut c_void,
     len: usize,
     key: *mut c_void,
     key_len: usize,
-    offset: i64,
-    private: *mut c_void,
+    pub(crate) offset: i64,
+    pub(crate) private: *mut c_void,
 }
 
 /// `rd_kafka_topic_partition_t`.
@@ -64,13 +64,74 @@ struct RawPartitionList {
 
 type LogCallback = extern "C" fn(*const c_void, c_int, *const c_char, *const c_char);
 
-/// The few librdkafka functions the reader calls, found in the loaded library.
-struct Api {
+/// What every handle of ours on the loaded librdkafka needs (this reader, and the
+/// gateway's producer in rdkafka_producer.rs): its version, and a configuration made
+/// of text settings with librdkafka's log lines dropped.
+pub(crate) struct Config {
     version: extern "C" fn() -> c_int,
     conf_new: extern "C" fn() -> *mut c_void,
     conf_set: extern "C" fn(*mut c_void, *const c_char, *const c_char, *mut c_char, usize) -> c_int,
     conf_set_log_cb: extern "C" fn(*mut c_void, LogCallback),
-    conf_destroy: extern "C" fn(*mut c_void),
+    pub(crate) conf_destroy: extern "C" fn(*mut c_void),
+}
+
+impl Config {
+    /// SAFETY: `library` is a dlopen'd librdkafka.
+    pub(crate) unsafe fn load(library: *mut c_void) -> Result<Self, String> {
+        Ok(Self {
+            version: symbol(library, "version")?,
+            conf_new: symbol(library, "conf_new")?,
+            conf_set: symbol(library, "conf_set")?,
+            conf_set_log_cb: symbol(library, "conf_set_log_cb")?,
+            conf_destroy: symbol(library, "conf_destroy")?,
+        })
+    }
+
+    /// ValueError unless the library is `version` (confluent_kafka.libversion()[1]).
+    pub(crate) fn check_version(&self, version: i32) -> PyResult<()> {
+        if (self.version)() != version {
+            return Err(PyValueError::new_err(format!(
+                "librdkafka is version {:#x}, not {version:#x}",
+                (self.version)()
+            )));
+        }
+        Ok(())
+    }
+
+    /// A configuration of `settings` (ValueError naming a setting librdkafka refuses),
+    /// its log lines dropped. The caller owns it until rd_kafka_new takes it.
+    pub(crate) fn build(&self, settings: &[(String, String)]) -> PyResult<*mut c_void> {
+        let conf = (self.conf_new)();
+        let mut errstr = [0 as c_char; 512];
+        for (name, value) in settings {
+            let (cname, cvalue) = match (CString::new(name.as_str()), CString::new(value.as_str()))
+            {
+                (Ok(n), Ok(v)) => (n, v),
+                _ => {
+                    (self.conf_destroy)(conf);
+                    return Err(PyValueError::new_err(format!("a NUL in setting {name:?}")));
+                }
+            };
+            let res = (self.conf_set)(
+                conf,
+                cname.as_ptr(),
+                cvalue.as_ptr(),
+                errstr.as_mut_ptr(),
+                errstr.len(),
+            );
+            if res != 0 {
+                (self.conf_destroy)(conf);
+                return Err(PyValueError::new_err(text(errstr.as_ptr())));
+            }
+        }
+        (self.conf_set_log_cb)(conf, drop_log);
+        Ok(conf)
+    }
+}
+
+/// The few librdkafka functions the reader calls, found in the loaded library.
+struct Api {
+    config: Config,
     new: extern "C" fn(c_int, *mut c_void, *mut c_char, usize) -> *mut c_void,
     poll_set_consumer: extern "C" fn(*mut c_void) -> c_int,
     queue_get_consumer: extern "C" fn(*mut c_void) -> *mut c_void,
@@ -105,7 +166,7 @@ static API: OnceLock<Result<Api, String>> = OnceLock::new();
 /// The address of `name` in `library`, as a function pointer of type `T`.
 ///
 /// SAFETY: `T` must be the C signature of `name` (the declarations above are rdkafka.h's).
-unsafe fn symbol<T: Copy>(library: *mut c_void, name: &str) -> Result<T, String> {
+pub(crate) unsafe fn symbol<T: Copy>(library: *mut c_void, name: &str) -> Result<T, String> {
     let cname = CString::new(format!("rd_kafka_{name}")).expect("no NUL in a symbol name");
     let found = libc::dlsym(library, cname.as_ptr());
     if found.is_null() {
@@ -114,21 +175,23 @@ unsafe fn symbol<T: Copy>(library: *mut c_void, name: &str) -> Result<T, String>
     Ok(std::mem::transmute_copy(&found))
 }
 
-fn load(path: &str) -> Result<Api, String> {
+/// The librdkafka at `path`, loaded (it stays loaded: never dlclose'd).
+pub(crate) fn open(path: &str) -> Result<*mut c_void, String> {
     let cpath = CString::new(path).map_err(|_| "a NUL in the library's path".to_string())?;
-    // SAFETY: dlopen of a path; the library stays loaded (never dlclose'd).
+    // SAFETY: dlopen of a path.
     let library = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if library.is_null() {
         return Err(format!("{path} does not load"));
     }
+    Ok(library)
+}
+
+fn load(path: &str) -> Result<Api, String> {
+    let library = open(path)?;
     // SAFETY: each type is the function's signature in rdkafka.h.
     unsafe {
         Ok(Api {
-            version: symbol(library, "version")?,
-            conf_new: symbol(library, "conf_new")?,
-            conf_set: symbol(library, "conf_set")?,
-            conf_set_log_cb: symbol(library, "conf_set_log_cb")?,
-            conf_destroy: symbol(library, "conf_destroy")?,
+            config: Config::load(library)?,
             new: symbol(library, "new")?,
             poll_set_consumer: symbol(library, "poll_set_consumer")?,
             queue_get_consumer: symbol(library, "queue_get_consumer")?,
@@ -157,7 +220,7 @@ fn load(path: &str) -> Result<Api, String> {
 /// `amps_on_kafka.librdkafka` logger would drop them too (LibrdkafkaLog below DEBUG).
 extern "C" fn drop_log(_: *const c_void, _: c_int, _: *const c_char, _: *const c_char) {}
 
-fn text(at: *const c_char) -> String {
+pub(crate) fn text(at: *const c_char) -> String {
     if at.is_null() {
         return String::new();
     }
@@ -272,39 +335,12 @@ impl RdReader {
             .get_or_init(|| load(path))
             .as_ref()
             .map_err(|e| PyValueError::new_err(e.clone()))?;
-        if (api.version)() != version {
-            return Err(PyValueError::new_err(format!(
-                "librdkafka is version {:#x}, not {version:#x}",
-                (api.version)()
-            )));
-        }
-        let conf = (api.conf_new)();
+        api.config.check_version(version)?;
+        let conf = api.config.build(&config)?;
         let mut errstr = [0 as c_char; 512];
-        for (name, value) in &config {
-            let (cname, cvalue) = match (CString::new(name.as_str()), CString::new(value.as_str()))
-            {
-                (Ok(n), Ok(v)) => (n, v),
-                _ => {
-                    (api.conf_destroy)(conf);
-                    return Err(PyValueError::new_err(format!("a NUL in setting {name:?}")));
-                }
-            };
-            let res = (api.conf_set)(
-                conf,
-                cname.as_ptr(),
-                cvalue.as_ptr(),
-                errstr.as_mut_ptr(),
-                errstr.len(),
-            );
-            if res != 0 {
-                (api.conf_destroy)(conf);
-                return Err(PyValueError::new_err(text(errstr.as_ptr())));
-            }
-        }
-        (api.conf_set_log_cb)(conf, drop_log);
         let rk = (api.new)(CONSUMER, conf, errstr.as_mut_ptr(), errstr.len());
         if rk.is_null() {
-            (api.conf_destroy)(conf);
+            (api.config.conf_destroy)(conf);
             return Err(PyValueError::new_err(text(errstr.as_ptr())));
         }
         // Without a group.id librdkafka's consumer has no consumer queue (NULL): refused

@@ -1,0 +1,88 @@
+"""The gateway's shared producer through librdkafka's C API (native/src/rdkafka_producer.rs).
+
+Through confluent-kafka a gateway's plain publish cost 5,900 instructions in `produce`
+and 4,100 more for its delivery report, a Python callback on the pump's thread
+(docs/performance.md, publishing over tcp://). The compiled producer is a handle of its
+own on the very librdkafka confluent-kafka loaded: a read's run of plain publishes is
+produced in one call with no Python object per record, and a poll's reports of those
+records reach Python as one list per batch. Every other command the gateway writes goes
+to the same handle through confluent-kafka's `produce` signature with a Python callback,
+so a session's records keep their order whichever path wrote them.
+
+It is used only where it produces exactly as confluent-kafka would: the compiled core is
+there, the library is found and is the version confluent-kafka reports, and every
+setting is text (native_reader's rules: no callback, LibrdkafkaLog's logger not at
+DEBUG). Anything else: None, and the gateway produces through confluent-kafka
+(AMPS_NATIVE=0 does the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka.admin import AdminClient
+
+from amps_on_kafka.log.native_reader import loaded_library, text_settings
+from amps_on_kafka.native import core
+
+# A poll's reports of batched records: (batch number, reports, [(index, code, text)]).
+BatchReports = Callable[[list[tuple[int, int, list[tuple[int, int, str]]]]], None]
+
+
+class CompiledProducer:
+    """confluent-kafka's Producer as the gateway uses it (produce, poll, flush, len,
+    close, list_topics), on the compiled core's RdProducer. Metadata (list_topics) is
+    read through an AdminClient of the same settings: the C API's metadata is not
+    wrapped here."""
+
+    compiled = True
+
+    def __init__(self, producer: Any, metadata: AdminClient) -> None:
+        self.core = producer
+        self.produce = producer.produce  # bound once: the publishers bind it again
+        self.poll = producer.poll
+        self.flush = producer.flush
+        self._metadata: AdminClient | None = metadata
+
+    def __len__(self) -> int:
+        return len(self.core)
+
+    def serve_batches(self, handler: BatchReports) -> None:
+        """Hand each poll's reports of batched records to `handler`, once per poll."""
+        self.core.serve_batches(handler)
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        if self._metadata is None:
+            raise RuntimeError("the producer is closed")
+        return self._metadata.list_topics(*args, **kwargs)
+
+    def close(self) -> None:
+        """Destroy the handle now (the caller flushed first); the metadata client goes
+        with its last reference."""
+        self.core.close()
+        self._metadata = None
+
+
+def native_producer(
+    config: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> CompiledProducer | None:
+    """A compiled producer configured as `config` (log/kafka.log_producer_config), its
+    metadata read with `metadata` (a plain client's configuration: no idempotence), or
+    None where it would not produce as confluent-kafka does."""
+    path = loaded_library()
+    settings = text_settings(config)
+    if core is None or not hasattr(core, "RdProducer") or path is None or settings is None:
+        return None
+    try:
+        producer = core.RdProducer(
+            path,
+            confluent_kafka.libversion()[1],
+            settings,
+            confluent_kafka.KafkaError,
+            confluent_kafka.KafkaException,
+        )
+    except ValueError:  # another librdkafka, or a setting it refuses: confluent-kafka says why
+        return None
+    return CompiledProducer(producer, AdminClient(dict(metadata)))

@@ -1,0 +1,193 @@
+"""The gateway's compiled producer (log/native_producer.py, native/src/rdkafka_producer.rs)
+held to confluent-kafka's, which the gateway uses without it: the same publishes give the
+same records in the log and the same answers to the client, its refusals and reports are
+confluent-kafka's, and it leaves nothing behind when a gateway stops."""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+import amps_on_kafka.server.gateway as gateway_module
+from amps_on_kafka.config.model import GatewayConfig
+from amps_on_kafka.log.kafka import client_config, log_producer_config, partitions_of, reader
+from amps_on_kafka.log.native_producer import CompiledProducer, native_producer
+from amps_on_kafka.native import core
+from amps_on_kafka.protocol.frames import encode_frame
+from tests.polling import until
+from tests.server.test_publish_batches import flushed, logged_on
+
+pytestmark = pytest.mark.skipif(
+    core is None or not hasattr(core, "RdProducer"), reason="needs the compiled core"
+)
+
+PRODUCERS = ["compiled", "confluent"]
+
+
+@pytest.fixture(params=PRODUCERS)
+def producer_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Gateways made in the test use the compiled producer, or confluent-kafka's."""
+    if request.param == "confluent":
+        monkeypatch.setattr(gateway_module, "native_producer", lambda *args: None)
+    return str(request.param)
+
+
+def frames(topic: str, unknown: str) -> bytes:
+    """One client's burst: plain publishes (the batch path) among ones the batch can't
+    take — not JSON, no key, too large for Kafka, an unknown topic, acks asked, a
+    delta_publish — each answered or written as the per-command path does."""
+    burst = []
+    for s in range(1, 120):
+        header: dict[str, Any] = {"c": "publish", "t": topic, "s": s}
+        payload = b'{"id": %d, "n": "%s"}' % (s % 17, b"x" * (s % 5))
+        if s % 29 == 0:
+            payload = b'{"id": 1'
+        elif s % 31 == 0:
+            payload = b'{"qty": 5}'
+        elif s == 50:
+            payload = b'{"id": 50, "big": "%s"}' % (b"y" * 1_100_000)
+        elif s == 60:
+            header["t"] = unknown
+        elif s % 23 == 0:
+            header["a"] = "processed,persisted"
+        elif s % 37 == 0:
+            header["c"] = "delta_publish"
+        burst.append(encode_frame(header, payload))
+    return b"".join(burst)
+
+
+def answers(replies: list[dict], topic: str) -> list[tuple[Any, ...]]:
+    """The replies, the topic's name (which differs between runs) replaced."""
+    return sorted(
+        (r.get("s"), r.get("a"), r.get("status"), str(r.get("reason")).replace(topic, "T"))
+        for r in replies
+    )
+
+
+def records(bootstrap: str, topic: str) -> list[tuple[Any, ...]]:
+    """Every record of `topic` as Kafka holds it: partition, key, value, headers."""
+    consumer = reader(bootstrap)
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions_of(consumer, topic)])
+        read = []
+        while batch := consumer.consume(1000, 2.0):
+            read += [(m.partition(), m.key(), m.value(), m.headers()) for m in batch]
+    finally:
+        consumer.close()
+    return sorted(read, key=lambda r: (r[0], dict(r[3])["s"]))
+
+
+def test_the_same_publishes_give_the_same_records_and_answers(
+    bootstrap: str, topic_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = {}
+    for kind in PRODUCERS:
+        if kind == "confluent":
+            monkeypatch.setattr(gateway_module, "native_producer", lambda *args: None)
+        topic = topic_factory(8, key=("/id",))
+        with logged_on(bootstrap, "same-records", GatewayConfig()) as (gateway, wire):
+            assert isinstance(gateway.producer, CompiledProducer) == (kind == "compiled")
+            wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": 0}, b'{"id": 0}'))
+            assert flushed(wire, "known") == []  # the topic known: the batch path from here
+            wire.send_raw(frames(topic, f"{topic}-unknown"))
+            replies = flushed(wire, "after")
+        seen[kind] = (answers(replies, topic), records(bootstrap, topic))
+    assert seen["compiled"] == seen["confluent"]
+    replies, written = seen["compiled"]
+    assert {r[0] for r in replies} >= {29, 31, 50, 60, 23}  # each refusal answered
+    assert len({r[0] for r in written}) > 1  # the keys spread over the partitions
+    sequences = {int(dict(r[3])["s"]) for r in written}
+    assert 1 in sequences and not sequences & {29, 31, 50, 60}
+
+
+def test_a_gateway_stopped_with_publishes_in_flight_writes_them_all(
+    bootstrap: str, topic_factory, producer_kind: str
+) -> None:
+    """Gateway.stop flushes the producer: every publish the gateway took is in the log,
+    though the client never flushed."""
+    topic = topic_factory(2)
+    burst = [encode_frame({"c": "publish", "t": topic, "s": s}, b"{}") for s in range(1, 3001)]
+    last = encode_frame({"c": "publish", "t": topic, "s": 3001, "a": "processed"}, b"{}")
+    with logged_on(bootstrap, "stopped", GatewayConfig()) as (_, wire):
+        wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": 0}, b'{"id": 0}'))
+        assert flushed(wire, "known") == []
+        wire.send_raw(b"".join([*burst, last]))  # the processed ack: all of it produced
+        wire.until(lambda f: f.header.get("s") == 3001 and f.header.get("a") == "processed")
+    written = sorted(int(dict(r[3])["s"]) for r in records(bootstrap, topic))
+    assert written == list(range(3002))
+
+
+def test_gateways_started_and_stopped_leave_no_threads(
+    bootstrap: str, topic_factory, producer_kind: str
+) -> None:
+    topic = topic_factory(1)
+
+    def tasks() -> int:
+        gc.collect()  # a client left in a reference cycle goes with its threads
+        return len(os.listdir("/proc/self/task"))
+
+    def served(name: str) -> None:
+        with logged_on(bootstrap, name, GatewayConfig()) as (_, wire):
+            wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": 1}, b'{"id": 1}'))
+            assert flushed(wire, "one") == []
+
+    served("warm")  # the threads that live for good (uvloop's workers) start here
+    before = tasks()
+    for round_ in range(5):
+        served(f"leak-{round_}")
+    until(lambda: tasks() <= before)  # librdkafka's threads of every handle gone
+
+
+def producers(**overrides: Any) -> tuple[CompiledProducer, Producer]:
+    config = log_producer_config("127.0.0.1:1", **overrides)
+    compiled = native_producer(config, client_config("127.0.0.1:1"))
+    assert compiled is not None
+    return compiled, Producer(config)
+
+
+def refusal(produce: Any, *args: Any) -> tuple[type, str, int | None]:
+    try:
+        produce(*args)
+    except KafkaException as exc:
+        return KafkaException, exc.args[0].str(), exc.args[0].code()
+    except BufferError as exc:
+        return BufferError, str(exc), None
+    raise AssertionError("not refused")
+
+
+def test_its_refusals_and_failure_reports_are_confluent_kafkas() -> None:
+    """Against no broker: a full queue, a record too large, and a report of a record
+    Kafka never took, as confluent-kafka's producer gives them."""
+    settings = {"queue.buffering.max.messages": 1, "message.timeout.ms": 300}
+    compiled, confluent = producers(**settings)
+    try:
+        for producer in (compiled, confluent):
+            producer.produce("t", b"first")
+        full = [refusal(p.produce, "t", b"second") for p in (compiled, confluent)]
+        assert full[0] == full[1] and full[0][0] is BufferError
+        large = [refusal(p.produce, "t", b"x" * 2_000_000) for p in (compiled, confluent)]
+        assert large[0] == large[1] and large[0][2] == KafkaError.MSG_SIZE_TOO_LARGE
+        reports: dict[str, list[tuple[Any, ...]]] = {"compiled": [], "confluent": []}
+        for name, producer in (("compiled", compiled), ("confluent", confluent)):
+            producer.flush(5)
+            producer.produce(
+                "t",
+                b"v",
+                b"k",
+                on_delivery=lambda e, m, seen=reports[name]: seen.append(
+                    (e.code(), e.str(), m.topic(), m.partition(), m.offset())
+                ),
+                headers=[("p", b"me"), ("s", None)],
+            )
+            assert producer.flush(5) == 0
+        assert reports["compiled"] == reports["confluent"]
+        assert reports["compiled"][0][0] == KafkaError._MSG_TIMED_OUT
+    finally:
+        compiled.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        compiled.produce("t", b"after")
+    assert len(compiled) == 0 and compiled.poll(0) == 0
