@@ -507,7 +507,9 @@ def check_query(top_n: object, batch_size: object, options: str | None = None) -
             raise ValueError(f"{name} must be a whole number >= 0 or None, not {value!r}")
         if value is not None and value > MAX_COUNT:  # was orjson's TypeError, sending it
             raise ValueError(f"{name} must be at most {MAX_COUNT} (64 bits), not {value!r}")
-    given = {word.strip() for word in (options or "").split(",")} - {""}
+    if not options:
+        return
+    given = {word.strip() for word in options.split(",")} - {""}
     if given - QUERY_OPTIONS:
         unknown = ", ".join(sorted(given - QUERY_OPTIONS))
         raise OptionError(f"sow_and_subscribe takes option oof only, not {unknown!r}")

@@ -132,10 +132,13 @@ class TcpConnection:
                     return
                 if frame is _LOST:
                     raise self._lost  # type: ignore[misc]
-                if frame.header.get("c") == "sow":  # a batch of records: no checks each
+                command = frame.header.get("c")
+                if command == "sow":  # a batch of records: no checks each
                     if keep is None or "sow" in keep:
                         yield from _records("sow", frame)
                     continue
+                if command != "ack" and keep is not None and command not in keep:
+                    continue  # none of its messages is kept: none made (a query's groups)
                 for item in _unpack(frame):
                     if item is COMPLETED and until_done:
                         return

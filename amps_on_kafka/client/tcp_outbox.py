@@ -40,7 +40,11 @@ class Outbox:
         self._writing = False  # some thread is in sendall
         self._closing = False
         self._failed = False
-        self._changed = threading.Condition(threading.Lock())
+        # Held as `with self._lock`, the condition's own lock: the same lock as `with
+        # self._changed`, without Condition.__enter__/__exit__'s two Python calls (every
+        # command takes it twice; docs/performance.md, the look-up's seventh round).
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._write, name="amps-tcp-writer", daemon=True)
         self._thread.start()
 
@@ -54,7 +58,7 @@ class Outbox:
 
     def put(self, frame: bytes, *, deferred: bool = False) -> bool:
         """Send or queue a frame; False once the socket failed or the outbox closed."""
-        with self._changed:
+        with self._lock:
             self._wait_for_room()
             before = self.buffer.append(frame)
             if before < 0:
@@ -68,7 +72,7 @@ class Outbox:
 
     def close(self, timeout: float) -> None:
         """Send what is queued, then stop the writer."""
-        with self._changed:
+        with self._lock:
             self._closing = True
             self.buffer.close()
             self._changed.notify_all()
@@ -81,7 +85,7 @@ class Outbox:
         closing outbox sends what it holds)."""
         if before < 0:
             return False
-        with self._changed:
+        with self._lock:
             if before == 0:
                 self._changed.notify_all()
             else:
@@ -95,7 +99,7 @@ class Outbox:
 
     def _write(self) -> None:
         while True:
-            with self._changed:
+            with self._lock:
                 while not (self._closing or len(self.buffer)) or self._writing:
                     self._changed.wait()
                 data = self._take()
@@ -113,13 +117,13 @@ class Outbox:
         try:
             self._sock.sendall(data)
         except OSError as exc:
-            with self._changed:
+            with self._lock:
                 self._failed, self._writing = True, False
                 self.buffer.close()
                 self._changed.notify_all()
             self._on_error(f"sending to the gateway failed: {exc}")
             return False
-        with self._changed:
+        with self._lock:
             self._writing = False
             if len(self.buffer) or self._closing:
                 self._changed.notify_all()  # the writer thread takes what queued meanwhile
