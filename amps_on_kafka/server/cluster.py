@@ -57,9 +57,9 @@ from amps_on_kafka.server.subscriptions import SowSubscription
 from amps_on_kafka.state.events import CommandResult
 
 if TYPE_CHECKING:
+    from amps_on_kafka.server.deletes import _Delete
     from amps_on_kafka.server.gateway import Gateway
     from amps_on_kafka.server.membership import Membership
-    from amps_on_kafka.server.publishing import _Delete
     from amps_on_kafka.server.queries import Query
     from amps_on_kafka.server.session import Session
 

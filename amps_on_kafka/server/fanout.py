@@ -47,7 +47,7 @@ from amps_on_kafka.processor.memory import release_freed_memory
 from amps_on_kafka.state.events import BatchApplied, Change
 
 if TYPE_CHECKING:
-    from amps_on_kafka.server.publishing import DeleteTracker
+    from amps_on_kafka.server.deletes import DeleteTracker
 
 log = logging.getLogger(__name__)
 

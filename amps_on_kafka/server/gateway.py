@@ -38,8 +38,9 @@ from amps_on_kafka.security.tls import server_context
 from amps_on_kafka.security.users import PEER_USER
 from amps_on_kafka.server.buffers import SendBudget
 from amps_on_kafka.server.cluster import Cluster
+from amps_on_kafka.server.deletes import DeleteTracker
+from amps_on_kafka.server.delivery import DeliveryPump, PublishBudget
 from amps_on_kafka.server.fanout import Fanout
-from amps_on_kafka.server.publishing import DeleteTracker, DeliveryPump, PublishBudget
 from amps_on_kafka.server.queues import QueueService
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.session import Session

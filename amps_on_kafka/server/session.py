@@ -17,7 +17,7 @@ Bounds (docs/operations.md, The gateway's bounds), so no client can grow the wor
   replies were never read took the worker to 760 MiB);
 - after each chunk of frames read, the session waits for its replies to drain before
   reading more, so a client that sends without reading is paced by its own replies;
-- publishes wait for the worker's PublishBudget (server/publishing.py);
+- publishes wait for the worker's PublishBudget (server/delivery.py);
 - a frame must arrive whole, and a new connection log on, within ReadTimeout.
 
 Slow consumers: replies go straight into the connection's write buffer. Queries and
@@ -61,10 +61,10 @@ from amps_on_kafka.security.entitlements import (
 )
 from amps_on_kafka.security.tls import certificate_subject
 from amps_on_kafka.server import publishing, queries, queues, subscriptions
-from amps_on_kafka.server.publishing import Writes
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.requests import ProtocolError, Request, acks, compiled_filter, text
 from amps_on_kafka.server.stats import Traffic
+from amps_on_kafka.server.writes import Writes
 
 if TYPE_CHECKING:
     from amps_on_kafka.server.gateway import Gateway

@@ -1,7 +1,7 @@
 """The compiled run of a gateway read's plain publishes (native/src/publish.rs,
 EncodedRun) against its twin (log/one_frame_publishers.py, LogPublisher._run_twin: a loop over
 publish_encoded), and the compiled report callbacks of its records (BatchDeliveries)
-against theirs (server/publishing.py, _batch_delivery).
+against theirs (server/writes.py, _batch_delivery).
 
 Two publishers numbered alike produce the same runs — publishes with and without a
 sequence (one past 64 bits), payloads whose key is an int, text, empty, a bool or
@@ -27,12 +27,8 @@ from hypothesis import strategies as st
 
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.native import core
-from amps_on_kafka.server.publishing import (
-    BATCH_BITS,
-    DeliveryPump,
-    PublishBatch,
-    _batch_delivery,
-)
+from amps_on_kafka.server.delivery import DeliveryPump
+from amps_on_kafka.server.writes import BATCH_BITS, PublishBatch, _batch_delivery
 
 SPECS = {
     "keyed": (3, {"key": ("/id",)}),

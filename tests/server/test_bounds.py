@@ -21,8 +21,8 @@ from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.protocol.frames import Frame, encode_frame
+from amps_on_kafka.server.deletes import MAX_WATCHED, DeleteTracker
 from amps_on_kafka.server.gateway import Gateway
-from amps_on_kafka.server.publishing import MAX_WATCHED, DeleteTracker
 from amps_on_kafka.server.requests import ProtocolError
 from amps_on_kafka.server.session import Session
 from amps_on_kafka.state.events import CommandResult

@@ -10,8 +10,8 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amps_on_kafka.server import publishing
-from amps_on_kafka.server.publishing import PublishBudget
+from amps_on_kafka.server import delivery
+from amps_on_kafka.server.delivery import PublishBudget
 
 MAX_BYTES = 1000
 MAX_COMMANDS = 4
@@ -82,14 +82,14 @@ def test_memory_is_handed_back_when_the_budget_empties_after_holding_much(monkey
         calls.append(1)
         trimmed.set()
 
-    monkeypatch.setattr(publishing, "release_freed_memory", record)
+    monkeypatch.setattr(delivery, "release_freed_memory", record)
 
     async def scenario() -> None:
         budget = PublishBudget(64 << 20, 100)
         small = 1024
         await budget.reserve(small)
         budget.release(small)  # held little: nothing to hand back
-        big = publishing.TRIM_AFTER_BYTES
+        big = delivery.TRIM_AFTER_BYTES
         await budget.reserve(big)
         await budget.reserve(small)
         budget.release(big)  # not empty yet
@@ -105,10 +105,10 @@ def test_memory_is_handed_back_after_many_small_publishes_too(monkeypatch):
     """librdkafka spends about a kilobyte per publish beside its payload: many small ones
     count (TRIM_AFTER_COMMANDS) as much as many bytes."""
     trimmed = threading.Event()
-    monkeypatch.setattr(publishing, "release_freed_memory", trimmed.set)
+    monkeypatch.setattr(delivery, "release_freed_memory", trimmed.set)
 
     async def scenario() -> None:
-        count = publishing.TRIM_AFTER_COMMANDS
+        count = delivery.TRIM_AFTER_COMMANDS
         budget = PublishBudget(64 << 20, count)
         for _ in range(count):
             await budget.reserve(10)
@@ -121,4 +121,4 @@ def test_memory_is_handed_back_after_many_small_publishes_too(monkeypatch):
 
 
 def test_release_freed_memory_runs_where_the_libc_has_it_or_not():
-    publishing.release_freed_memory()  # glibc: malloc_trim(0); elsewhere nothing
+    delivery.release_freed_memory()  # glibc: malloc_trim(0); elsewhere nothing

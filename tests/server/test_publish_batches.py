@@ -17,8 +17,8 @@ from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.protocol.frames import encode_frame
+from amps_on_kafka.server.delivery import PublishBudget
 from amps_on_kafka.server.gateway import Gateway
-from amps_on_kafka.server.publishing import PublishBudget
 from tests.conftest import delete_topics
 from tests.server.helpers import Wire, is_ack
 

@@ -1,0 +1,209 @@
+"""Kafka's verdicts on the gateway's publishes, and the bound on those in flight.
+
+Bounds: the commands produced and not yet reported by Kafka are counted against the
+worker's PublishBudget (commands and bytes). A session that would exceed it waits, and
+while it waits its socket is not read — the client is slowed down, the worker's memory is
+not grown. Kafka's `message.timeout.ms` is the gateway's PublishTimeout, so a publish that
+Kafka cannot take in time gets a failure ack naming the cause and frees its share.
+
+`persisted` comes only from Kafka's delivery report (acks=all). librdkafka runs delivery
+callbacks inside poll/flush only, so one DeliveryPump thread serves the shared producer
+and hands the outcomes to the event loop in batches. With the compiled producer
+(log/native_producer.py) a poll's reports of batched records come as one list per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from amps_on_kafka.errors import PublishError
+from amps_on_kafka.log.native_producer import CompiledProducer
+from amps_on_kafka.log.publisher import Persisted
+from amps_on_kafka.processor.memory import release_freed_memory
+
+if TYPE_CHECKING:
+    from amps_on_kafka.server.writes import PublishBatch
+
+Outcome = Callable[[PublishError | None], None]  # runs on the loop with Kafka's verdict
+
+IDLE_WAIT = 0.1  # seconds the pump waits for a report when nothing is in flight
+SERVE_SLICE = 0.02  # seconds the pump waits for reports while something is in flight
+DRAIN_SLICE = 500  # delivery outcomes handled per turn of the event loop
+TRIM_AFTER_BYTES = 8 * 1024 * 1024  # see PublishBudget
+TRIM_AFTER_COMMANDS = 2_000
+
+
+class DeliveryPump:
+    """Runs the shared producer's delivery callbacks, off the event loop."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, producer: Producer | CompiledProducer, timeout: float
+    ) -> None:
+        self._loop = loop
+        self._producer = producer
+        self._timeout = timeout
+        self._outcomes: deque[tuple[Callable[[Any], None], Any]] = deque()
+        self._posted = False
+        # Batches by number, every session's (numbered here, so that a compiled producer's
+        # reports, which carry only the number, find theirs), with their finish.
+        self.batch_numbers = itertools.count()
+        self.batches: dict[int, tuple[PublishBatch, Callable[[PublishBatch], None]]] = {}
+        if getattr(producer, "compiled", False):  # reports come by the batch (native_producer)
+            producer.serve_batches(self._batch_reports)  # type: ignore[union-attr]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="amps-gateway-deliveries", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def callback(self, handler: Outcome) -> Persisted:
+        """An on_persisted callback that runs `handler` on the event loop."""
+
+        def persisted(error: PublishError | None, message: Message) -> None:
+            if error is not None:
+                error = PublishError(self.failure_reason(message.error()))
+            self.post(handler, error)
+
+        return persisted
+
+    def post(self, handler: Callable[[Any], None], argument: Any) -> None:
+        """Run `handler(argument)` on the event loop, in the order posted (from the
+        thread serving the reports)."""
+        self._outcomes.append((handler, argument))
+        if not self._posted:  # one loop wake-up per burst of reports
+            self._posted = True
+            with suppress(RuntimeError):  # the loop is closed: the gateway stopped
+                self._loop.call_soon_threadsafe(self._drain)
+
+    def _batch_reports(self, groups: list[tuple[int, int, list[tuple[int, int, str]]]]) -> None:
+        """A poll's reports of batched records from the compiled producer, by batch
+        (number, reports, failures): counted down as each report is by BatchDelivery."""
+        for batch_number, reports, failures in groups:
+            batch, finish = self.batches[batch_number]
+            for index, code, reason in failures:
+                batch.failures.append((index, self.failure_reason(KafkaError(code, reason))))
+            draws = batch.reports
+            for _ in range(reports):
+                if next(draws) == batch.expected:
+                    self.post(finish, batch)
+
+    def failure_reason(self, error: KafkaError) -> str:
+        """What the publisher is told: a timeout says how long Kafka was given."""
+        if error.code() == KafkaError._MSG_TIMED_OUT:
+            return f"Kafka did not acknowledge within {self._timeout:g}s: {error.str()}"
+        return f"Kafka did not persist the message: {error.str()}"
+
+    def _drain(self) -> None:
+        """Hand Kafka's verdicts to the sessions, DRAIN_SLICE at a time: when a broker
+        comes back, thousands arrive at once, and the other clients must not wait for
+        all of their acks to be written (that was a 0.7 s pause)."""
+        self._posted = False
+        outcomes = self._outcomes
+        for _ in range(min(len(outcomes), DRAIN_SLICE)):
+            handler, argument = outcomes.popleft()
+            handler(argument)
+        if outcomes and not self._posted:
+            self._posted = True
+            self._loop.call_soon(self._drain)
+
+    def _run(self) -> None:
+        producer = self._producer
+        while not self._stop.is_set():
+            producer.poll(SERVE_SLICE if len(producer) else IDLE_WAIT)
+
+
+class PublishBudget:
+    """The worker's publish commands produced and not yet reported by Kafka, bounded.
+
+    Lives on the event loop. Waiters are served first come, first served, so a heavy
+    publisher cannot starve a light one; a command larger than the whole byte budget
+    still goes when nothing else is in flight (the frame limit bounds it).
+
+    When the budget empties after holding TRIM_AFTER_BYTES or TRIM_AFTER_COMMANDS (a
+    publish costs librdkafka about a kilobyte beside its payload), the freed memory is
+    handed back to the system (`release_freed_memory`): librdkafka's copies of the
+    publishes are freed in its threads' malloc arenas, which glibc keeps, so a worker
+    stayed 35 MiB larger after a Kafka outage (bench robustness, a log topic).
+    """
+
+    def __init__(self, max_bytes: int, max_commands: int) -> None:
+        self.max_bytes = max_bytes
+        self.max_commands = max_commands
+        self.bytes = 0
+        self.commands = 0
+        self.peak = (0, 0)  # bytes, commands held at most since the budget was last empty
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def take_now(self, size: int, commands: int = 1) -> bool:
+        """Take `size` bytes and `commands` commands if they fit now, ahead of nobody."""
+        if not self._waiting and self._fits(size, commands):
+            self._take(size, commands)
+            return True
+        return False
+
+    def room(self) -> tuple[int, int]:
+        """(commands, bytes) a batch may take now; none while others wait."""
+        if self._waiting:
+            return 0, 0
+        return self.max_commands - self.commands, self.max_bytes - self.bytes
+
+    async def reserve(self, size: int) -> None:
+        """Take `size` bytes and one command, waiting for room."""
+        if self.take_now(size):
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(size)  # granted just as it was cancelled: give it back
+            else:  # those behind it may fit now
+                self._waiting = deque(w for w in self._waiting if w[1] is not future)
+                self._grant()
+            raise
+
+    def release(self, size: int, commands: int = 1) -> None:
+        self.bytes -= size
+        self.commands -= commands
+        self._grant()
+        if self.commands == 0:
+            if self.peak[0] >= TRIM_AFTER_BYTES or self.peak[1] >= TRIM_AFTER_COMMANDS:
+                asyncio.get_running_loop().run_in_executor(None, release_freed_memory)
+            self.peak = (0, 0)
+
+    def _grant(self) -> None:
+        """Serve the waiters in order while the first one fits."""
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, future = self._waiting.popleft()
+            if not future.cancelled():
+                self._take(size)
+                future.set_result(None)
+
+    def _fits(self, size: int, commands: int = 1) -> bool:
+        if self.commands + commands > self.max_commands:
+            return False
+        # one command larger than the byte budget goes alone; a batch never exceeds it
+        return (self.commands == 0 and commands == 1) or self.bytes + size <= self.max_bytes
+
+    def _take(self, size: int, commands: int = 1) -> None:
+        self.bytes += size
+        self.commands += commands
+        peak = self.peak
+        if self.bytes > peak[0] or self.commands > peak[1]:
+            self.peak = (max(peak[0], self.bytes), max(peak[1], self.commands))
