@@ -22,11 +22,17 @@ from click.testing import CliRunner
 from amps_on_kafka.broker.certs import make_ca, write_pem
 from amps_on_kafka.cli import main
 from amps_on_kafka.client import COMPLETED, AsyncClient, Client
+from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
 from amps_on_kafka.log import replay as replay_module
 from amps_on_kafka.log.kafka import reader_config
 from amps_on_kafka.log.native_reader import native_reader
 from amps_on_kafka.log.replay import Replay
+from amps_on_kafka.native import core
+from amps_on_kafka.processor.engine import SowEngine
+from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.server import gateway as gateway_module
+from amps_on_kafka.server.gateway import Gateway
 
 PASSWORD_ENV = "AMPS_TEST_KAFKA_PASSWORD"
 WORKER_READY = 90.0  # seconds: a worker process on a busy 2-core machine
@@ -175,6 +181,33 @@ def test_a_replay_reads_over_sasl_ssl_through_either_reader(secured_kafka, monke
     monkeypatch.setattr(replay_module, "native_reader", lambda config: None)
     assert through_native == read(False)
     assert sorted(data["id"] for _, data in through_native) == [0, 1, 2]
+
+
+def test_the_gateway_publishes_over_sasl_ssl_through_either_producer(secured_kafka, monkeypatch):
+    """The gateway's compiled producer (log/native_producer.py) takes the secured broker's
+    settings as text, as confluent-kafka's does: its publishes reach the log alike."""
+    topic = f"secured-gateway-{uuid.uuid4().hex[:8]}"
+    config = ("--kafka-config", str(secured_kafka.properties_file))
+    assert cli("topics", "create", topic, *config).exit_code == 0
+
+    def publish(native: bool) -> None:
+        engine = SowEngine(Config(), {}, now_ms)
+        with Gateway(engine, secured_kafka.bootstrap, listen="127.0.0.1:0") as gateway:
+            assert getattr(gateway.producer, "compiled", False) is native
+            with Client(f"secured-gateway-{native}") as client:
+                client.connect(f"tcp://{gateway.address}/amps/json")
+                client.logon(timeout=CLEAR_ERROR)
+                for i in range(3):
+                    client.publish(topic, {"id": i, "native": native})
+                client.publish_flush(30)
+
+    compiled = core is not None and hasattr(core, "RdProducer")
+    publish(compiled)
+    monkeypatch.setattr(gateway_module, "native_producer", lambda *args: None)
+    publish(False)
+    with Replay(secured_kafka.bootstrap, topic, "0", max_idle=1.0) as replay:
+        read = sorted((m.data["native"], m.data["id"]) for m in replay if m is not COMPLETED)
+    assert read == sorted([(False, i) for i in range(3)] + [(compiled, i) for i in range(3)])
 
 
 async def _until_completed(stream):
