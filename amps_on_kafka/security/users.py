@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from functools import cache
 from pathlib import Path
 
 from argon2 import PasswordHasher
@@ -26,9 +27,14 @@ PEER_USER = "_peer"  # the user a gateway of the same group logs on to another a
 MAX_USERS_FILE_BYTES = 16 * 1024 * 1024
 
 _HASHER = PasswordHasher()
-# Verified when the user is unknown, so that a wrong name costs the same time as a wrong
-# password and timing does not tell which names exist.
-_DUMMY_HASH = _HASHER.hash("not a password of anyone")
+
+
+@cache
+def _dummy_hash() -> str:
+    """Verified when the user is unknown, so that a wrong name costs the same time as a
+    wrong password and timing does not tell which names exist. Made at the first logon,
+    not at import: a hash takes ~0.25 s of CPU, which every `amps-kafka` command paid."""
+    return _HASHER.hash("not a password of anyone")
 
 
 def check_user_name(name: str) -> str:
@@ -71,7 +77,7 @@ class UsersFile:
         """Whether `password` is `name`'s. Slow on purpose (argon2): call it off the loop."""
         stored = self.hashes().get(name)
         try:
-            return _HASHER.verify(stored or _DUMMY_HASH, password) and stored is not None
+            return _HASHER.verify(stored or _dummy_hash(), password) and stored is not None
         except (VerificationError, InvalidHashError):
             return False
 
