@@ -32,8 +32,9 @@ _HASHER = PasswordHasher()
 @cache
 def _dummy_hash() -> str:
     """Verified when the user is unknown, so that a wrong name costs the same time as a
-    wrong password and timing does not tell which names exist. Made at the first logon,
-    not at import: a hash takes ~0.25 s of CPU, which every `amps-kafka` command paid."""
+    wrong password and timing does not tell which names exist. Made with the first
+    UsersFile (before any logon, so even the first unknown name takes no longer), not
+    at import: a hash takes ~0.25 s of CPU, which every `amps-kafka` command paid."""
     return _HASHER.hash("not a password of anyone")
 
 
@@ -56,6 +57,7 @@ class UsersFile:
         self.path = Path(path)
         self._stamp: tuple[int, int, int] | None = None
         self._hashes: dict[str, str] = {}
+        _dummy_hash()
 
     def hashes(self) -> dict[str, str]:
         """name -> hash, as the file holds them now ({} when it does not exist)."""
