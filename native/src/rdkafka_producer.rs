@@ -18,6 +18,7 @@
 //!   command the gateway writes, so all of them go through one producer, in order.
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -50,6 +51,9 @@ const V_OPAQUE: c_int = 6;
 const V_MSGFLAGS: c_int = 7;
 const V_TIMESTAMP: c_int = 8;
 const V_HEADER: c_int = 9;
+/// The most fields a record has besides its headers: topic, partition, flags, opaque,
+/// value, key, timestamp.
+const FIELDS: usize = 7;
 /// A batched record's number is `batch << INDEX_BITS | index` (server/publishing.py).
 const INDEX_BITS: u32 = 32;
 
@@ -241,31 +245,45 @@ impl Handle {
         headers: &[Vu],
         opaque: usize,
     ) -> c_int {
-        let named = CString::new(topic);
         let rkt = self.topic(topic);
-        let mut vus: Vec<Vu> = Vec::with_capacity(8 + headers.len());
-        match (&named, rkt) {
-            (_, rkt) if rkt != 0 => vus.push(Vu::words(V_RKT, rkt, 0, 0)),
-            (Ok(name), _) => vus.push(Vu::words(V_TOPIC, name.as_ptr() as usize, 0, 0)),
-            (Err(_), _) => return -186, // RD_KAFKA_RESP_ERR__INVALID_ARG
-        }
-        vus.push(Vu::int(V_PARTITION, partition));
-        vus.push(Vu::int(V_MSGFLAGS, MSG_F_COPY));
-        if let Some(value) = value {
-            vus.push(Vu::bytes(V_VALUE, value));
-        }
-        if let Some(key) = key {
-            vus.push(Vu::bytes(V_KEY, key));
+        let named = if rkt == 0 {
+            CString::new(topic).ok()
+        } else {
+            None
+        };
+        let mut fields = [Vu::words(V_END, 0, 0, 0); FIELDS];
+        fields[0] = match &named {
+            _ if rkt != 0 => Vu::words(V_RKT, rkt, 0, 0),
+            Some(name) => Vu::words(V_TOPIC, name.as_ptr() as usize, 0, 0),
+            None => return -186, // RD_KAFKA_RESP_ERR__INVALID_ARG: a NUL in the name
+        };
+        fields[1] = Vu::int(V_PARTITION, partition);
+        fields[2] = Vu::int(V_MSGFLAGS, MSG_F_COPY);
+        fields[3] = Vu::words(V_OPAQUE, opaque, 0, 0);
+        let mut count = 4;
+        for (vtype, bytes) in [(V_VALUE, value), (V_KEY, key)] {
+            if let Some(bytes) = bytes {
+                fields[count] = Vu::bytes(vtype, bytes);
+                count += 1;
+            }
         }
         if timestamp != 0 {
-            let mut vu = Vu::words(V_TIMESTAMP, 0, 0, 0);
-            vu.value.long = timestamp;
-            vus.push(vu);
+            fields[count] = Vu::words(V_TIMESTAMP, 0, 0, 0);
+            fields[count].value.long = timestamp;
+            count += 1;
         }
-        vus.push(Vu::words(V_OPAQUE, opaque, 0, 0));
-        vus.extend_from_slice(headers);
-        vus.push(Vu::words(V_END, 0, 0, 0));
-        let error = (self.api.produceva)(self.rk, vus.as_ptr(), vus.len() - 1);
+        // on the stack for the records of the run (three headers); a Vec for more
+        let mut inline = [Vu::words(V_END, 0, 0, 0); FIELDS + 4];
+        let mut heap = Vec::new();
+        let vus: &mut [Vu] = if count + headers.len() <= inline.len() {
+            &mut inline[..count + headers.len()]
+        } else {
+            heap.resize(count + headers.len(), Vu::words(V_END, 0, 0, 0));
+            &mut heap[..]
+        };
+        vus[..count].copy_from_slice(&fields[..count]);
+        vus[count..].copy_from_slice(headers);
+        let error = (self.api.produceva)(self.rk, vus.as_ptr(), vus.len());
         if error.is_null() {
             return 0;
         }
@@ -701,11 +719,12 @@ impl ProducerRun {
     ) -> PyResult<usize> {
         let py = events.py();
         self.producer.get().check_open()?;
+        let mut fresh = Vec::new();
         let mut position = start;
         while position < end {
             let event = events.get_item(position)?;
             let number = base | produced.len() as u64;
-            let taken = match self.produced(&event, number)? {
+            let taken = match self.produced(&event, number, &mut fresh)? {
                 Some(taken) => taken,
                 None => {
                     let event = event.cast::<PyTuple>()?;
@@ -729,7 +748,16 @@ impl ProducerRun {
 impl ProducerRun {
     /// Some(whether produced) for the common case; None, having done nothing, for what
     /// `publish_encoded` decides.
-    fn produced(&self, event: &Bound<'_, PyAny>, number: u64) -> PyResult<Option<bool>> {
+    ///
+    /// `fresh` holds the route names whose partition counts this call found fresh: a
+    /// run takes microseconds, so each topic's count is checked once a run, not once a
+    /// record (the clock read and the comparisons were 1,000 instructions a record).
+    fn produced<'py>(
+        &self,
+        event: &Bound<'py, PyAny>,
+        number: u64,
+        fresh: &mut Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Option<bool>> {
         let py = event.py();
         let event = event.cast::<PyTuple>()?;
         let (topic, given, payload) = (event.get_item(0)?, event.get_item(1)?, event.get_item(2)?);
@@ -756,15 +784,16 @@ impl ProducerRun {
             }
         };
         let partitions = route.get_item(3)?;
-        if partitions.is_truthy()?
-            && count_stale(
+        if partitions.is_truthy()? && !fresh.iter().any(|known| known.is(&name)) {
+            if count_stale(
                 self.counts.bind(py),
                 self.monotonic.bind(py),
                 &name,
                 &partitions,
-            )?
-        {
-            return Ok(None);
+            )? {
+                return Ok(None);
+            }
+            fresh.push(name.clone());
         }
         let sequence = if given.is_none() {
             match self.sequences.bind(py).clone().next() {
@@ -774,23 +803,33 @@ impl ProducerRun {
         } else {
             given
         };
-        let sequence = digits(&sequence)?;
-        let sequence = sequence.cast::<PyBytes>()?.as_bytes();
+        let mut written = [0u8; 20];
+        let long; // `b"%d" % sequence`: on the stack for a 64-bit one
+        let sequence = match sequence.extract::<i64>() {
+            Ok(value) => {
+                let mut at = std::io::Cursor::new(&mut written[..]);
+                write!(at, "{value}").map_err(|e| PyValueError::new_err(e.to_string()))?;
+                let end = at.position() as usize;
+                &written[..end]
+            }
+            Err(_) => {
+                long = digits(&sequence)?;
+                long.cast::<PyBytes>()?.as_bytes()
+            }
+        };
         let [publisher, numbered, keyed] = &self.names;
-        let mut headers = vec![
+        let headers = [
             Vu::header(publisher, Some(&self.publisher)),
             Vu::header(numbered, Some(sequence)),
+            Vu::header(keyed, key.as_deref().map(str::as_bytes)),
         ];
-        if let Some(key) = &key {
-            headers.push(Vu::header(keyed, Some(key.as_bytes())));
-        }
         let code = self.producer.get().handle.send(
             name.cast::<PyString>()?.to_str()?,
             Some(bytes),
             key.as_deref().map(str::as_bytes),
             PARTITION_UA,
             0,
-            &headers,
+            &headers[..if key.is_some() { 3 } else { 2 }],
             ((number as usize) << 1) | 1,
         );
         Ok(Some(code == 0))

@@ -11,13 +11,16 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from hypothesis import HealthCheck, example, given, settings
 
 import amps_on_kafka.server.gateway as gateway_module
 from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.log.kafka import client_config, log_producer_config, partitions_of, reader
 from amps_on_kafka.log.native_producer import CompiledProducer, native_producer
+from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.native import core
 from amps_on_kafka.protocol.frames import encode_frame
+from tests.native.test_encoded_run import SPECS, run_all, runs
 from tests.polling import until
 from tests.server.test_publish_batches import flushed, logged_on
 
@@ -191,3 +194,35 @@ def test_its_refusals_and_failure_reports_are_confluent_kafkas() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         compiled.produce("t", b"after")
     assert len(compiled) == 0 and compiled.poll(0) == 0
+
+
+@pytest.fixture
+def run_publishers(bootstrap, topic_factory):
+    """A publisher on the compiled producer (publish_run is ProducerRun) and its twin's
+    (publish_run is the loop over publish_encoded), numbering alike."""
+    topics = {label: topic_factory(n, **spec) for label, (n, spec) in SPECS.items()}
+    compiled = native_producer(log_producer_config(bootstrap), client_config(bootstrap))
+    assert compiled is not None
+    made = [
+        LogPublisher(bootstrap, "same", first_sequence=7, producer=compiled),  # type: ignore[arg-type]
+        LogPublisher(bootstrap, "same", first_sequence=7),
+    ]
+    made[1].publish_run = made[1]._run_twin()
+    yield topics, made
+    made[1].close(30)
+    assert compiled.flush(30) == 0
+    compiled.close()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(runs)
+@example([("keyed", None, b'{"id":1}'), ("keyed", 2**64 - 1, b'{"id":"k"}')])
+@example([("unkeyed", None, b"[1]"), ("unkeyed", 3, b"not json"), ("unkeyed", None, b"{}")])
+@example([("composite", None, b'{"id":1,"n":2}'), ("keyed", 2**70, b'{"id":1}')])
+def test_the_compiled_producers_run_takes_what_its_twin_takes(run_publishers, run):
+    """Where each run stops and what it produced (the rest the per-command path takes)."""
+    topics, (compiled, twin) = run_publishers
+    events = [(topics[label], sequence, payload) for label, sequence, payload in run]
+    assert run_all(compiled, events) == run_all(twin, events)
