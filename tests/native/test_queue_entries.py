@@ -9,6 +9,7 @@ record with an error, and fail with the same error where the twin fails.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -153,6 +154,22 @@ def test_entries_hold_the_twins_defaults_and_their_references():
     assert entries[3].data == {"a": 1} and entries[3].id == ("t", 0, 3)
     del entries
     assert sys.getrefcount(payload) == before
+
+
+def test_the_collector_sees_the_entries_only_once_given_back():
+    """The entries read are not tracked (the collector's passes walked each message the
+    queue held); track_entries tracks them again, twice is harmless, and an entry made
+    otherwise, or any other object, is left as it was."""
+    batch = [
+        Message(topic="t", partition=0, offset=i, value=b"{}", timestamp=(1, 5)) for i in range(3)
+    ]
+    entries: list = []
+    read_records(batch, 0, CODECS, entries, [])
+    assert [gc.is_tracked(entry) for entry in entries] == [False] * 3
+    made = QueueEntry(("t", 0, 9), 5, b"{}", JSON)
+    queue_runtime.track_entries([entries[0], made, [1]])
+    queue_runtime.track_entries(iter(entries))
+    assert [gc.is_tracked(entry) for entry in [*entries, made]] == [True] * 4
 
 
 def test_a_record_with_an_error_stops_the_read_where_the_runtime_resumes():
