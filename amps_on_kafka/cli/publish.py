@@ -65,6 +65,7 @@ def publish(topic, data, expiration, delta, max_line_bytes, bootstrap) -> None:
     with Client(cli_client_name("publish")) as client:
         servers = kafka(bootstrap)
         client.connect(f"kafka://{servers}", kafka_config=servers.properties)
+        client.transport.registry.spec(topic)  # a missing topic fails before stdin is read
         send = client.delta_publish if delta else client.publish
         count = 0
         try:

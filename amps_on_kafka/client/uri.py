@@ -63,6 +63,11 @@ def parse_uri(uri: str) -> Endpoint:
             unquote(parts.username) if parts.username else None,
             unquote(parts.password) if parts.password is not None else None,
         )
+    if "://" not in uri:  # host:port alone, as a new user types it
+        raise TransportError(
+            f"{uri!r}: unknown scheme '' (use kafka://, tcp:// or tcps://, e.g. "
+            f"tcp://{uri.strip()}/amps/json for a gateway, kafka://{uri.strip()} for Kafka)"
+        )
     raise TransportError(
         f"{uri!r}: unknown scheme {parts.scheme!r} (use kafka://, tcp:// or tcps://)"
     )

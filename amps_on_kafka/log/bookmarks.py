@@ -110,8 +110,12 @@ def _parse_one(item: str) -> Bookmark:
 def _moment_millis(item: str, digits: str) -> int:
     try:
         moment = datetime.strptime(digits, "%Y%m%d%H%M%S").replace(tzinfo=UTC)
-    except ValueError as exc:
-        raise InvalidBookmark(f"malformed timestamp bookmark {item!r}: {exc}") from exc
+    except ValueError as exc:  # strptime's words ("unconverted data remains") name no field
+        raise InvalidBookmark(
+            f"malformed timestamp bookmark {item!r}: {digits[:8]}T{digits[8:]} is not a date "
+            "and time (YYYYmmddTHHMMSS[Z], UTC: month 01-12, day of that month, hour 00-23, "
+            "minute and second 00-59)"
+        ) from exc
     return int(moment.timestamp() * 1000)
 
 
@@ -199,10 +203,9 @@ def _check_position(position: Position, marks: Mapping[TP, Watermarks], text: st
             "which does not exist"
         )
     if position.offset >= mark.high:
-        raise InvalidBookmark(
-            f"bookmark {position} is past the end of the log "
-            f"(the last offset of {position.topic}|{position.partition} is {mark.high - 1})"
-        )
+        where = f"{position.topic}|{position.partition}"
+        last = "holds no record yet" if mark.high == 0 else f"ends at offset {mark.high - 1}"
+        raise InvalidBookmark(f"bookmark {position} is past the end of the log ({where} {last})")
     if position.offset + 1 < mark.low:
         raise InvalidBookmark(
             f"bookmark {position} is no longer in the log: retention removed the messages after "

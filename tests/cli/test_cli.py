@@ -77,6 +77,7 @@ def test_replay_until_a_bookmark_and_raw_format(run, topic):
         ("nonsense", "malformed bookmark"),
         ("{topic}|7|0|", "partition 7"),
         ("{topic}|0|9999|", "past the end"),
+        ("20261399T000000Z", "20261399T000000 is not a date and time (YYYYmmddTHHMMSS[Z]"),
     ],
 )
 def test_bad_bookmarks_are_clear_errors(run, topic, bookmark, complaint):
@@ -94,6 +95,21 @@ def test_a_bad_filter_is_an_error_before_any_message(run, topic):
 def test_unknown_topics_are_errors(run):
     assert "does not exist" in run("publish", "no-such-topic-xyz", '{"id": 1}').output
     assert "does not exist" in run("replay", "no-such-topic-xyz").output
+    nothing = run("publish", "no-such-topic-xyz", stdin="")  # a typo, nothing piped yet
+    assert nothing.exit_code == 1 and "does not exist" in nothing.output
+
+
+def test_a_bookmark_past_an_empty_partition_says_it_holds_nothing(run, topic_factory):
+    topic = topic_factory(1)
+    result = run("replay", topic, "--bookmark", f"{topic}|0|0|")
+    assert result.exit_code == 1
+    assert f"past the end of the log ({topic}|0 holds no record yet)" in result.output
+
+
+def test_a_server_without_a_scheme_is_shown_the_uris_it_may_mean(run):
+    result = run("sow", "orders", "--server", "127.0.0.1:9007")
+    assert result.exit_code == 1
+    assert "e.g. tcp://127.0.0.1:9007/amps/json for a gateway" in result.output
 
 
 def test_bookmark_decode_and_resolve(run, topic):
