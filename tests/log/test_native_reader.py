@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import threading
 import time
+from itertools import takewhile
 from typing import Any
 
 import pytest
@@ -182,10 +183,10 @@ def test_replays_leave_no_threads_behind(bootstrap, client, topic_factory):
     client.publish_flush(30)
     Replay(bootstrap, topic, "0", max_idle=0.1).close()  # librdkafka's own first-use threads
     before = tasks()
-    for _ in range(15):
-        with Replay(bootstrap, topic, "0", max_idle=0.1) as replay:
+    for _ in range(15):  # each read to COMPLETED, right after the last record: no idle wait
+        with Replay(bootstrap, topic, "0", max_idle=10) as replay:
             assert replay._native is not None
-            kept = [item for item in replay if item is not COMPLETED]
+            kept = list(takewhile(lambda item: item is not COMPLETED, replay))
         assert len(kept) == 1
         del kept, replay  # the last record, and the reader, let the handle go
     assert tasks() <= before
