@@ -152,6 +152,15 @@ def producers(**overrides: Any) -> tuple[CompiledProducer, Producer]:
     return compiled, Producer(config)
 
 
+def test_a_producer_that_reports_only_failures_is_left_to_confluent_kafka() -> None:
+    """With delivery.report.only.error a success is never reported, so a record's Python
+    callback would never be freed: such settings keep confluent-kafka's producer."""
+    for setting in (True, "true"):
+        config = log_producer_config("127.0.0.1:1", **{"delivery.report.only.error": setting})
+        assert native_producer(config, client_config("127.0.0.1:1")) is None
+    assert native_producer(log_producer_config("127.0.0.1:1"), client_config("127.0.0.1:1"))
+
+
 def refusal(produce: Any, *args: Any) -> tuple[type, str, int | None]:
     try:
         produce(*args)
