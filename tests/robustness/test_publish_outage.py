@@ -35,6 +35,7 @@ from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.protocol.frames import BadFrame, FrameDecoder, encode_frame
 from amps_on_kafka.server.gateway import Gateway
 from tests.conftest import create_topic
+from tests.polling import until
 from tests.server.helpers import Wire
 
 TOPIC = "outage-storm"
@@ -46,8 +47,9 @@ WAIT = 120.0
 class Storm:
     """One connection publishing without pause, and a reader collecting persisted acks."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, plain: bool = False) -> None:
         host, _, port = address.rpartition(":")
+        self.plain = plain  # plain publishes (no acks asked: the gateway's batch path)
         self.sock = socket.create_connection((host, int(port)), timeout=WAIT)
         self.sent = 0
         self.acks: list[dict] = []
@@ -67,7 +69,9 @@ class Storm:
         self.sock.sendall(encode_frame({"c": "flush", "cid": "flush", "a": "processed"}))
 
     def _publish(self, number: int) -> bytes:
-        header = {"c": "publish", "cid": str(number), "t": TOPIC, "a": "persisted"}
+        header: dict = {"c": "publish", "t": TOPIC, "s": number}
+        if not self.plain:
+            header = {"c": "publish", "cid": str(number), "t": TOPIC, "a": "persisted"}
         return encode_frame(header, orjson.dumps({"id": number}))
 
     def _read(self) -> None:
@@ -157,3 +161,41 @@ def test_a_broker_outage_under_a_publish_storm_loses_nothing_acknowledged(
     with Replay(bootstrap, TOPIC, "0", until="0|1|") as log:
         in_kafka = {orjson.loads(m.raw)["id"] for m in log if getattr(m, "raw", None)}
     assert persisted <= in_kafka, f"{len(persisted - in_kafka)} acknowledged publishes lost"
+
+
+def test_a_broker_outage_under_plain_publishes_answers_each_one_not_written(private_broker):
+    """The gateway's batch path (plain publishes, produced by the run and reported by the
+    batch) through a broker stopped and started: every publish is in Kafka or answered
+    with a failure naming the cause, once; the flush after is answered; nothing hangs."""
+    broker = private_broker
+    bootstrap = broker.start()
+    create_topic(bootstrap, TopicSpec(TOPIC, 1, key=("/id",)))
+    settings = GatewayConfig(publish_timeout=TIMEOUT, max_publishes_in_flight=BUDGET)
+    engine = SowEngine(Config(), {}, now_ms)
+    with Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway:
+        storm = Storm(gateway.address, plain=True)  # type: ignore[arg-type]
+        sender = threading.Thread(target=storm.run, daemon=True)
+        sender.start()
+        until(lambda: storm.sent >= 3000, "publishes sent", WAIT)
+        broker.stop()
+        storm.wait_for("failure", lambda acks: any(a["status"] == "failure" for a in acks))
+        broker.start()
+        storm.stop.set()
+        assert storm.flushed.wait(WAIT), "the flush after the storm was not answered"
+        sender.join(WAIT)
+        assert in_flight(gateway) == 0
+
+    failed = Counter(a["s"] for a in storm.acks if a["status"] == "failure")
+    assert failed and set(failed.values()) == {1}, "a publish was answered twice"
+    for failure in storm.acks:
+        assert failure["reason"].startswith(
+            (
+                f"Kafka did not acknowledge within {TIMEOUT:g}s: ",  # the batch's report
+                "can't reach Kafka",  # the per-command path: the partition count
+                "timed out reading the topic registry",  # ... and the topic's spec
+            )
+        ), failure
+    with Replay(bootstrap, TOPIC, "0", until="0|1|") as log:
+        in_kafka = {orjson.loads(m.raw)["id"] for m in log if getattr(m, "raw", None)}
+    lost = set(range(storm.sent)) - in_kafka - set(failed)
+    assert not lost, f"{len(lost)} publishes neither written nor answered"
