@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 import orjson
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from amps_on_kafka.client import Client, MemoryBookmarkStore
-from amps_on_kafka.errors import MessageError
+from amps_on_kafka.errors import AmpsError, MessageError
 from amps_on_kafka.log.controls import OptionError
 from amps_on_kafka.log.envelope import EnvelopeError
 from amps_on_kafka.log.message import COMPLETED
@@ -286,3 +287,19 @@ def test_a_slowly_paced_gateway_replay_ends_at_once_when_unsubscribed(wire, publ
     assert reply.header["status"] == "success"
     thread.join(1.0)
     assert not thread.is_alive()
+
+
+def test_a_followed_topic_deleted_ends_the_stream_naming_it_alike(subscriber, client, published):
+    """Over kafka:// the replay raises UnknownTopic; over tcp:// the gateway's replay thread
+    does, and the subscription fails with its reason (docs/operations.md, A replay whose
+    topic or Kafka goes away): neither waits silently, as a follower used to."""
+    topic = published(1)
+    admin = AdminClient({"bootstrap.servers": client.transport.bootstrap})
+    with (
+        subscriber.bookmark_subscribe(topic, "0", timeout=30) as stream,
+        pytest.raises(AmpsError) as raised,
+    ):
+        for item in stream:
+            if item is COMPLETED:
+                admin.delete_topics([topic])[topic].result(30)
+    assert f"topic {topic!r} was deleted while it was replayed" in str(raised.value)
