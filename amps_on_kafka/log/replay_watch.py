@@ -90,7 +90,7 @@ class ReplayWatch:
 
     def _judge(self, answers: dict[str, Future], now: float) -> None:
         self._asked = None
-        failure: KafkaError | None = None
+        failure: KafkaError | BaseException | None = None  # a local error: no answer
         for topic, answer in answers.items():
             error = answer.exception()
             code = error.args[0].code() if isinstance(error, KafkaException) else None
@@ -99,6 +99,8 @@ class ReplayWatch:
                     f"topic {topic!r} was deleted while it was replayed (Kafka no longer "
                     "has it); create it again and resubscribe to read on"
                 )
+            if code is not None and code >= 0:
+                continue  # the broker answered, refusing (an ACL, say): Kafka is there
             if error is not None and failure is None:
                 failure = error.args[0] if isinstance(error, KafkaException) else error
         # the next question: in an outage at once if this one waited out its timeout,
