@@ -59,7 +59,8 @@ class CompiledProducer:
         return self._metadata.list_topics(*args, **kwargs)
 
     def close(self) -> None:
-        """Destroy the handle now (the caller flushed first); the metadata client goes
+        """Destroy the handle now, once nothing produces or polls any more and the caller
+        flushed (Gateway.stop stops the loop and the pump first); the metadata client goes
         with its last reference."""
         self.core.close()
         self._metadata = None

@@ -525,7 +525,9 @@ impl RdProducer {
         (self.handle.api.outq_len)(self.handle.rk).max(0) as usize
     }
 
-    /// Destroy the handle now (its threads and connections); idempotent.
+    /// Destroy the handle now (its threads and connections); idempotent. For the owner to
+    /// call once nothing produces or polls any more (the gateway stops its loop and its
+    /// pump first): a produce already past its closed check would use the handle.
     fn close(&self, py: Python<'_>) {
         if !self.handle.closed.swap(true, Ordering::SeqCst) {
             py.detach(|| self.handle.close());
