@@ -41,7 +41,7 @@ from amps_on_kafka.processor.queues import (
 from amps_on_kafka.protocol.frames import encode_frame
 from amps_on_kafka.server.queries import DEFAULT_BATCH, Query, send_snapshot
 from amps_on_kafka.server.queue_links import QueueLinks, moving
-from amps_on_kafka.server.replies import ack, wire_payload
+from amps_on_kafka.server.replies import ack, converted, wire_payload
 from amps_on_kafka.server.requests import (
     MAX_BATCH,
     ProtocolError,
@@ -316,12 +316,19 @@ class QueueSubscriber:
         recs: list[dict[str, Any]] = []
         payloads: list[bytes] = []
         size = 0
+        plain = None  # the last codec whose payloads go out as stored (None's do)
         for message in messages:
-            try:  # one message that can't be sent is its own failure, as one at a time
-                payload = wire_payload(message.codec, message.payload, message)  # type: ignore[arg-type]
-            except Exception:
-                log.exception("queue %s: delivering to %s failed", message.queue, self.sub_id)
-                continue
+            codec = message.codec
+            if codec is plain:
+                payload = message.payload
+            else:
+                try:  # one message that can't be sent is its own failure, as one at a time
+                    payload = wire_payload(codec, message.payload, message)  # type: ignore[arg-type]
+                except Exception:
+                    log.exception("queue %s: delivering to %s failed", message.queue, self.sub_id)
+                    continue
+                if not converted(codec):
+                    plain = codec
             n, lease = len(payload), message.lease_ms
             size += n
             if lease is None:

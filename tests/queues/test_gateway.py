@@ -15,6 +15,7 @@ import pytest
 from amps_on_kafka import AsyncClient
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import MessageError, PublishError, ServerError
+from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.queues import QueueMessage
@@ -267,6 +268,22 @@ def test_a_delivery_batch_closes_at_its_bounds_and_encodes_as_one_frame():
     assert not big.add({"bm": "q|0|0|"}, b"x" * BATCH_BYTES)  # full by bytes
 
 
+def burst_sent(burst: list[QueueMessage]) -> tuple[object, object, DeliveryBatch]:
+    """deliver_burst of a batched subscription (of a service with no engine behind it):
+    the subscription's session, where the outbox's one frame goes, and that frame."""
+    loop = asyncio.new_event_loop()
+    try:
+        engine = SimpleNamespace(on_ownership=lambda listener: None)
+        service = QueueService(engine, loop)  # type: ignore[arg-type]
+        session = SimpleNamespace(gateway=SimpleNamespace(queues=service))
+        sub = QueueSubscriber(session, "s1", batched=True)  # type: ignore[arg-type]
+        sub.deliver_burst(burst)
+        [(to, batch)] = list(service._outbox)
+        return session, to, batch  # type: ignore[return-value]
+    finally:
+        loop.close()
+
+
 def test_a_burst_message_that_cannot_be_sent_fails_alone(caplog):
     """deliver_burst: a message whose payload can't be made JSON (an Avro one that does
     not decode) is logged and skipped; the rest of its burst goes out in one frame."""
@@ -277,24 +294,40 @@ def test_a_burst_message_that_cannot_be_sent_fails_alone(caplog):
         def decode(self, payload: bytes) -> object:
             raise ValueError("not avro")
 
-    loop = asyncio.new_event_loop()
-    try:
-        engine = SimpleNamespace(on_ownership=lambda listener: None)
-        service = QueueService(engine, loop)  # type: ignore[arg-type]
-        session = SimpleNamespace(gateway=SimpleNamespace(queues=service))
-        sub = QueueSubscriber(session, "s1", batched=True)  # type: ignore[arg-type]
-        burst = [
-            QueueMessage("q", "s1", ("q", 0, n), f"q|0|{n}|", b"{}", 1, 500, None, None)
-            for n in range(3)
-        ]
-        burst[1].codec = Broken()  # type: ignore[assignment]
-        sub.deliver_burst(burst)
-        [(to, batch)] = list(service._outbox)
-        assert to is session
-        assert [rec["bm"] for rec in batch.recs] == ["q|0|0|", "q|0|2|"]
-        assert "delivering to s1 failed" in caplog.text
-    finally:
-        loop.close()
+    burst = [
+        QueueMessage("q", "s1", ("q", 0, n), f"q|0|{n}|", b"{}", 1, 500, None, None)
+        for n in range(3)
+    ]
+    burst[1].codec = Broken()  # type: ignore[assignment]
+    session, to, batch = burst_sent(burst)
+    assert to is session
+    assert [rec["bm"] for rec in batch.recs] == ["q|0|0|", "q|0|2|"]
+    assert "delivering to s1 failed" in caplog.text
+
+
+def test_a_burst_of_mixed_codecs_sends_each_payload_as_its_codec_makes_it():
+    """deliver_burst sends a payload as stored while the codec stays one that does not
+    convert: Avro messages among them still go out as JSON, each of them, and those
+    after as stored again."""
+
+    class Avro:
+        message_type = "avro"
+
+        def decode(self, payload: bytes) -> object:
+            return {"was": payload.decode()}
+
+    avro = Avro()
+    codecs = [None, JSON, JSON, avro, avro, JSON, None, avro]
+    burst = [
+        QueueMessage("q", "s1", ("q", 0, n), f"q|0|{n}|", b"[%d]" % n, 1, 500, codec, None)
+        for n, codec in enumerate(codecs)
+    ]
+    _, _, batch = burst_sent(burst)
+    expected = [
+        b'{"was":"[%d]"}' % n if codec is avro else b"[%d]" % n for n, codec in enumerate(codecs)
+    ]
+    assert batch.payloads == expected
+    assert [rec["n"] for rec in batch.recs] == [len(p) for p in expected]
 
 
 def test_a_client_reads_batched_deliveries_as_messages(serve, clients, queue_config):
