@@ -24,6 +24,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
+from amps_on_kafka.log.kafka import client_config, log_producer, log_producer_config
 from amps_on_kafka.log.native_reader import loaded_library, text_settings
 from amps_on_kafka.native import core
 
@@ -89,3 +90,21 @@ def native_producer(
     except ValueError:  # another librdkafka, or a setting it refuses: confluent-kafka says why
         return None
     return CompiledProducer(producer, AdminClient(dict(metadata)))
+
+
+def own_producer(
+    bootstrap: str, config: Mapping[str, Any]
+) -> confluent_kafka.Producer | CompiledProducer:
+    """A LogPublisher's own producer (the client's on kafka://): log_producer(bootstrap,
+    **config), compiled where it produces as confluent-kafka's would.
+
+    The compiled one is told to report every record (delivery.report.only.error off,
+    whatever `config` says), so a record produced with a callback is always answered and
+    its callback freed; a success is still a Python call only where confluent-kafka's
+    would make one or the callback ignores it (LogPublisher's Delivery). The publisher's
+    common publish is numbered instead (RdProducer.produce_numbered): a success stops in
+    librdkafka's C callback, a failure reaches the failures' handler, as with
+    delivery.report.only.error (docs/performance.md, Client.publish)."""
+    settings = {**config, "delivery.report.only.error": False}
+    compiled = native_producer(log_producer_config(bootstrap, **settings), client_config(bootstrap))
+    return log_producer(bootstrap, **config) if compiled is None else compiled

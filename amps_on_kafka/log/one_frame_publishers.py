@@ -54,6 +54,8 @@ class OneFramePublishers:
     _partition: Callable[[TopicSpec, str | None], int | None]
     _produce: Callable[..., None]
     _delivered: Callable[[int, KafkaError | None, Message], None]
+    _numbered: Any  # the RdProducer publish_document numbers records on, or None
+    _shared: bool  # the producer is the gateway's, shared (its pump serves reports)
 
     def _document_publisher(self) -> Callable[..., int]:
         """`publish(topic, data, expiration=None, **kw)` with no Python frame for the
@@ -83,6 +85,7 @@ class OneFramePublishers:
             self._delivered,
             self._producer.poll,
             POLL_EVERY,
+            self._numbered,
         )
 
     def _document_twin(self) -> Callable[..., int]:
@@ -192,10 +195,11 @@ class OneFramePublishers:
         (native/src/publish.rs, EncodedRun) produces the common case itself and hands
         publish_encoded the rest; `_run_twin` is its twin. On the gateway's compiled
         producer (log/native_producer.py) it is ProducerRun (native/src/rdkafka_producer.rs),
-        whose records are reported as the batch's (base | index) without a callback."""
+        whose records are reported as the batch's (base | index) without a callback; a
+        publisher's own compiled producer has no batches' handler, so it runs EncodedRun."""
         if core is None:
             return self._run_twin()
-        if getattr(self._producer, "compiled", False):
+        if self._shared and getattr(self._producer, "compiled", False):  # its pump serves batches
             return core.ProducerRun(  # type: ignore[no-any-return]
                 self._producer.core,  # type: ignore[attr-defined]
                 self.publish_encoded,

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -27,8 +27,9 @@ from amps_on_kafka.log.envelope import (
     check_expiration,
     command_headers,
 )
-from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER, log_producer, partitions_of
+from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER, partitions_of
 from amps_on_kafka.log.keys import partition_for
+from amps_on_kafka.log.native_producer import CompiledProducer, own_producer
 from amps_on_kafka.log.one_frame_publishers import POLL_EVERY, OneFramePublishers, Route
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 from amps_on_kafka.log.sow_deletes import SowDeletes
@@ -104,7 +105,10 @@ class LogPublisher(OneFramePublishers, SowDeletes):
         self.report_successes = report_successes
         config = {"delivery.report.only.error": not report_successes, **(producer_config or {})}
         self._shared = producer is not None
-        self._producer = producer if producer is not None else log_producer(bootstrap, **config)
+        if producer is None:  # a CompiledProducer is a Producer as far as its users go
+            producer = cast(Producer, own_producer(bootstrap, config))
+        self._producer = producer
+        self._numbered = self._own_compiled()
         self._produce_call = self._producer.produce  # bound once, not per record
         self._closed = False
         self._delivery = _delivery_type(self._delivered)
@@ -112,6 +116,15 @@ class LogPublisher(OneFramePublishers, SowDeletes):
         self.publish_document = self._document_publisher()
         self.publish_encoded = self._encoded_publisher()
         self.publish_run = self._run_publisher()
+
+    def _own_compiled(self) -> Any:
+        """The compiled core's RdProducer when this publisher owns a compiled producer
+        (log/native_producer.own_producer), its failures handed to _delivered; else None.
+        publish_document numbers its records on it: a success costs no Python call."""
+        if self._shared or not isinstance(self._producer, CompiledProducer):
+            return None
+        self._producer.core.serve_failures(self._delivered)
+        return self._producer.core
 
     def spec(self, topic: str) -> TopicSpec:
         spec = self._specs.get(topic)

@@ -17,6 +17,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyIterator, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use std::ffi::CString;
+
+use crate::rdkafka_producer::RdProducer;
+
 /// A record's delivery report callback: `delivered(sequence, error, message)`. librdkafka
 /// holds one per record until Kafka answers (up to a million at once); not being a
 /// container the collector tracks, it triggers no collections while it waits.
@@ -61,6 +65,10 @@ struct DocumentPublisher {
     delivered: Py<PyAny>,
     poll: Py<PyAny>,
     poll_every: i64,
+    /// The client's own compiled producer (log/native_producer.py), whose records are
+    /// numbered (reported only if they fail) instead of given a callback each; with
+    /// the headers' names (the publisher's, the sequence's, the key's) as C strings.
+    numbered: Option<(Py<RdProducer>, [CString; 3])>,
 }
 
 #[pymethods]
@@ -71,12 +79,14 @@ impl DocumentPublisher {
     /// header names of the sequence and the key, the partition count cache and the clock
     /// it expires by, `recheck(topic, key)` (the general partition check), `produce`,
     /// the exceptions of `produce` that `retry` (LogPublisher._produce) takes over,
-    /// `delivered` (the reports' receiver), the producer's `poll` and its cadence.
+    /// `delivered` (the reports' receiver), the producer's `poll` and its cadence; and
+    /// `numbered`, the publisher's own RdProducer when it is compiled (records numbered,
+    /// not given a callback: RdProducer.produce_numbered).
     #[new]
     #[pyo3(signature = (
         general, routes, route_of, check_topic, dumps, sequences, publisher,
         sequence_header, key_header, counts, monotonic, recheck, produce, retried, retry,
-        delivered, poll, poll_every
+        delivered, poll, poll_every, numbered=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -98,12 +108,29 @@ impl DocumentPublisher {
         delivered: Py<PyAny>,
         poll: Py<PyAny>,
         poll_every: i64,
+        numbered: Option<Py<RdProducer>>,
     ) -> PyResult<Self> {
         if poll_every < 1 {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "poll_every must be at least 1, not {poll_every}"
             )));
         }
+        let numbered = match numbered {
+            None => None,
+            Some(producer) => Python::attach(|py| -> PyResult<_> {
+                let name = |text: &Bound<PyAny>| -> PyResult<CString> {
+                    CString::new(text.extract::<String>()?).map_err(|_| {
+                        pyo3::exceptions::PyValueError::new_err("a NUL in a header name")
+                    })
+                };
+                let names = [
+                    name(&publisher.bind(py).get_item(0)?)?,
+                    name(sequence_header.bind(py).as_any())?,
+                    name(key_header.bind(py).as_any())?,
+                ];
+                Ok(Some((producer, names)))
+            })?,
+        };
         Ok(Self {
             general,
             routes,
@@ -123,6 +150,7 @@ impl DocumentPublisher {
             delivered,
             poll,
             poll_every,
+            numbered,
         })
     }
 
@@ -149,6 +177,9 @@ impl DocumentPublisher {
             self.poll.as_any(),
         ] {
             visit.call(held)?;
+        }
+        if let Some((producer, _)) = &self.numbered {
+            visit.call(producer)?;
         }
         Ok(())
     }
@@ -198,6 +229,18 @@ impl DocumentPublisher {
             }
             (key, sequence, headers)
         };
+        if let Some(code) = self.produce_numbered(&name, &value, &key, &headers, &sequence)? {
+            if code != 0 {
+                // refused, as produce raising BufferError or KafkaException: the general handling
+                let retry = self.retry.bind(py);
+                retry.call1((&name, &key, &value, &headers, &sequence, py.None()))?;
+                return Ok(sequence);
+            }
+            if self.due_poll(&sequence)? {
+                self.poll.bind(py).call1((0,))?;
+            }
+            return Ok(sequence);
+        }
         let delivery = Bound::new(
             py,
             Delivery {
@@ -290,6 +333,47 @@ impl DocumentPublisher {
             self.monotonic.bind(py),
             name,
             partitions,
+        )
+    }
+
+    /// The record produced on the client's compiled producer as a numbered one (no
+    /// callback), with the bytes of the `headers` the twin would give `produce`: Some(0)
+    /// or librdkafka's refusal code; None, having done nothing, without that producer
+    /// or for a number it cannot hold (then `produce` takes it with a callback).
+    fn produce_numbered(
+        &self,
+        name: &Bound<PyAny>,
+        value: &Bound<PyAny>,
+        key: &Bound<PyAny>,
+        headers: &Bound<PyList>,
+        sequence: &Bound<PyAny>,
+    ) -> PyResult<Option<std::ffi::c_int>> {
+        let Some((producer, names)) = &self.numbered else {
+            return Ok(None);
+        };
+        let Ok(number) = sequence.extract::<i64>() else {
+            return Ok(None);
+        };
+        let values: Vec<Bound<PyBytes>> = headers
+            .iter()
+            .map(|header| Ok(header.get_item(1)?.cast_into::<PyBytes>()?))
+            .collect::<PyResult<_>>()?;
+        let fields: Vec<(&CString, &[u8])> = names
+            .iter()
+            .zip(&values)
+            .map(|(name, value)| (name, value.as_bytes()))
+            .collect();
+        let key = match key.cast::<PyString>() {
+            Ok(text) => Some(text.to_str()?.as_bytes()),
+            Err(_) if key.is_none() => None,
+            Err(_) => return Ok(None), // what `produce` makes of another key, it says
+        };
+        producer.get().produce_numbered(
+            name.cast::<PyString>()?.to_str()?,
+            value.cast::<PyBytes>()?.as_bytes(),
+            key,
+            &fields,
+            number,
         )
     }
 

@@ -56,6 +56,23 @@ const V_HEADER: c_int = 9;
 const FIELDS: usize = 7;
 /// A batched record's number is `batch << INDEX_BITS | index` (server/publishing.py).
 const INDEX_BITS: u32 = 32;
+/// The low bits of a numbered record's opaque, `number << 2 | NUMBERED`: a record
+/// reported only if it fails, by its number, to the failures' handler (the client's
+/// publisher, whose successes need no call). A batched record's opaque is odd, a boxed
+/// callback's a multiple of 8.
+const NUMBERED: usize = 2;
+/// A numbered record's number is within ±2^61 (it is shifted into the opaque).
+const NUMBER_LIMIT: u64 = 1 << 61;
+
+/// The opaque of a numbered record, or None for a number it cannot hold.
+fn numbered(number: i64) -> Option<usize> {
+    (number.unsigned_abs() < NUMBER_LIMIT).then_some(((number << 2) as usize) | NUMBERED)
+}
+
+/// Whether `opaque` is a boxed Python callback (made by `produce`).
+fn boxed(opaque: usize) -> bool {
+    opaque != 0 && opaque & 3 == 0
+}
 
 /// `rd_kafka_vu_t`'s value union (64 bytes of padding in rdkafka.h).
 #[repr(C)]
@@ -152,7 +169,8 @@ fn load(path: &str) -> Result<Api, String> {
 }
 
 /// One delivery report, as the C callback took it. `opaque` is 0 (no callback), a
-/// batched record's `number << 1 | 1`, or a boxed Python callback (aligned: bit 0 clear).
+/// batched record's `number << 1 | 1`, a numbered record's `number << 2 | NUMBERED`, or
+/// a boxed Python callback (aligned: bits 0 and 1 clear).
 struct Report {
     opaque: usize,
     err: c_int,
@@ -170,6 +188,9 @@ extern "C" fn delivered(_rk: *mut c_void, message: *const RawMessage, opaque: *m
     // `message` is valid for the callback's duration.
     let (queue, message) = unsafe { (&*(opaque as *const Mutex<Vec<Report>>), &*message) };
     let tag = message.private as usize;
+    if tag & 3 == NUMBERED && message.err == 0 {
+        return; // a numbered record's success: nothing to report, nothing to free
+    }
     let api = match API.get() {
         Some(Ok(api)) => api,
         _ => return,
@@ -319,8 +340,8 @@ impl Handle {
         }
         (self.api.destroy)(self.rk);
         for report in self.take_reports() {
-            if report.opaque & 1 == 0 && report.opaque != 0 {
-                // SAFETY: an even, non-zero opaque is a Box made by `produce`.
+            if boxed(report.opaque) {
+                // SAFETY: a boxed opaque is a Box made by `produce`.
                 drop(unsafe { Box::from_raw(report.opaque as *mut Py<PyAny>) });
             }
         }
@@ -358,12 +379,14 @@ impl Delivered {
 
 /// confluent-kafka's `Producer` as the gateway uses it, on a handle of our own.
 #[pyclass(frozen, module = "amps_on_kafka_native")]
-struct RdProducer {
+pub(crate) struct RdProducer {
     handle: Handle,
     kafka_error: Py<PyAny>,
     kafka_exception: Py<PyAny>,
     /// `batches([(batch number, reports, [(index, code, text)])])`, set once.
     batches: OnceLock<Py<PyAny>>,
+    /// `failures(number, error, message)` for a numbered record that failed, set once.
+    failures: OnceLock<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -407,14 +430,17 @@ impl RdProducer {
             kafka_error,
             kafka_exception,
             batches: OnceLock::new(),
+            failures: OnceLock::new(),
         })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.kafka_error)?;
         visit.call(&self.kafka_exception)?;
-        if let Some(batches) = self.batches.get() {
-            visit.call(batches)?;
+        for handler in [&self.batches, &self.failures] {
+            if let Some(handler) = handler.get() {
+                visit.call(handler)?;
+            }
         }
         Ok(())
     }
@@ -424,6 +450,14 @@ impl RdProducer {
         self.batches
             .set(handler)
             .map_err(|_| PyRuntimeError::new_err("the batches' handler is set already"))
+    }
+
+    /// Where a numbered record's failure goes: `handler(number, KafkaError, message)`
+    /// (the client's LogPublisher._delivered). Until it is set nothing is numbered.
+    fn serve_failures(&self, handler: Py<PyAny>) -> PyResult<()> {
+        self.failures
+            .set(handler)
+            .map_err(|_| PyRuntimeError::new_err("the failures' handler is set already"))
     }
 
     /// confluent-kafka's `produce`: BufferError when the queue is full, KafkaException
@@ -586,10 +620,18 @@ impl RdProducer {
                         .2
                         .push((number & 0xFFFF_FFFF, report.err, report.reason));
                 }
-            } else if report.opaque != 0 {
-                // SAFETY: an even, non-zero opaque is a Box made by `produce`.
+            } else if report.opaque & 3 == NUMBERED {
+                let number = (report.opaque as i64) >> 2;
+                if let Err(err) = self.fail_numbered(py, number, report) {
+                    first_error.get_or_insert(err);
+                }
+            } else if boxed(report.opaque) {
+                // SAFETY: a boxed opaque is a Box made by `produce`.
                 let callback = unsafe { Box::from_raw(report.opaque as *mut Py<PyAny>) };
-                if let Err(err) = self.call_back(py, &callback, report) {
+                let called = self
+                    .arguments(py, report)
+                    .and_then(|arguments| callback.bind(py).call1(arguments).map(drop));
+                if let Err(err) = called {
                     first_error.get_or_insert(err);
                 }
             }
@@ -602,7 +644,19 @@ impl RdProducer {
         first_error.map_or(Ok(()), Err)
     }
 
-    fn call_back(&self, py: Python<'_>, callback: &Py<PyAny>, report: Report) -> PyResult<()> {
+    /// A numbered record's failure, handed to the failures' handler (the C callback
+    /// queued no success of one).
+    fn fail_numbered(&self, py: Python<'_>, number: i64, report: Report) -> PyResult<()> {
+        let Some(handler) = self.failures.get() else {
+            return Ok(()); // produce_numbered numbers nothing without one
+        };
+        let (error, message) = self.arguments(py, report)?;
+        handler.bind(py).call1((number, error, message))?;
+        Ok(())
+    }
+
+    /// A report as a delivery callback takes it: (KafkaError or None, the message).
+    fn arguments(&self, py: Python<'_>, report: Report) -> PyResult<(Py<PyAny>, Delivered)> {
         let error = if report.err == 0 {
             py.None()
         } else {
@@ -617,8 +671,46 @@ impl RdProducer {
             offset: report.offset,
             error: error.clone_ref(py),
         };
-        callback.bind(py).call1((error, message))?;
-        Ok(())
+        Ok((error, message))
+    }
+
+    /// Produce a record reported only if it fails, by `number`, to the failures'
+    /// handler: no Python callback is made or kept (publish.rs DocumentPublisher, the
+    /// client's publish). At most three `headers`, their names NUL-terminated. None, having
+    /// done nothing, when no handler is set or the number is past ±2^61 (the caller
+    /// produces with a callback); else 0 or librdkafka's refusal code.
+    pub(crate) fn produce_numbered(
+        &self,
+        topic: &str,
+        value: &[u8],
+        key: Option<&[u8]>,
+        headers: &[(&CString, &[u8])],
+        number: i64,
+    ) -> PyResult<Option<c_int>> {
+        self.check_open()?;
+        let (Some(_), Some(opaque)) = (self.failures.get(), numbered(number)) else {
+            return Ok(None);
+        };
+        let mut vus = [Vu::words(V_END, 0, 0, 0); 3];
+        let count = headers.len();
+        if count > vus.len() {
+            return Err(PyValueError::new_err(
+                "a numbered record takes at most 3 headers",
+            ));
+        }
+        for (vu, (name, value)) in vus.iter_mut().zip(headers) {
+            *vu = Vu::header(name, Some(value));
+        }
+        let code = self.handle.send(
+            topic,
+            Some(value),
+            key,
+            PARTITION_UA,
+            0,
+            &vus[..count],
+            opaque,
+        );
+        Ok(Some(code))
     }
 }
 
