@@ -15,10 +15,10 @@ and hands the outcomes to the event loop in batches. With the compiled producer
 from __future__ import annotations
 
 import asyncio
-import itertools
+import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,8 @@ from amps_on_kafka.processor.memory import release_freed_memory
 if TYPE_CHECKING:
     from amps_on_kafka.server.writes import PublishBatch
 
+log = logging.getLogger(__name__)
+
 Outcome = Callable[[PublishError | None], None]  # runs on the loop with Kafka's verdict
 
 IDLE_WAIT = 0.1  # seconds the pump waits for a report when nothing is in flight
@@ -39,6 +41,11 @@ SERVE_SLICE = 0.02  # seconds the pump waits for reports while something is in f
 DRAIN_SLICE = 500  # delivery outcomes handled per turn of the event loop
 TRIM_AFTER_BYTES = 8 * 1024 * 1024  # see PublishBudget
 TRIM_AFTER_COMMANDS = 2_000
+# Batch numbers wrap at 31 bits: a compiled record's report carries its number as
+# (batch << 32 | index) << 1 | 1 in 64 bits (native/src/rdkafka_producer.rs), and a
+# gateway writing one-publish reads passes 2^31 batches in a day or two. Kafka reports
+# every record within PublishTimeout, long before its batch's number comes round again.
+BATCH_NUMBERS = 1 << 31
 
 
 class DeliveryPump:
@@ -54,7 +61,7 @@ class DeliveryPump:
         self._posted = False
         # Batches by number, every session's (numbered here, so that a compiled producer's
         # reports, which carry only the number, find theirs), with their finish.
-        self.batch_numbers = itertools.count()
+        self.batch_numbers = batch_numbers()
         self.batches: dict[int, tuple[PublishBatch, Callable[[PublishBatch], None]]] = {}
         if getattr(producer, "compiled", False):  # reports come by the batch (native_producer)
             producer.serve_batches(self._batch_reports)  # type: ignore[union-attr]
@@ -124,7 +131,17 @@ class DeliveryPump:
     def _run(self) -> None:
         producer = self._producer
         while not self._stop.is_set():
-            producer.poll(SERVE_SLICE if len(producer) else IDLE_WAIT)
+            try:
+                producer.poll(SERVE_SLICE if len(producer) else IDLE_WAIT)
+            except Exception:  # a bug in a report's handling: the others must still be served
+                log.exception("handling Kafka's delivery reports failed")
+
+
+def batch_numbers(start: int = 0) -> Iterator[int]:
+    """The pump's batch numbers: `start`, `start + 1`, ..., wrapping to 0 at BATCH_NUMBERS."""
+    yield from range(start, BATCH_NUMBERS)
+    while True:
+        yield from range(BATCH_NUMBERS)
 
 
 class PublishBudget:

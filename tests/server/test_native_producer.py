@@ -20,6 +20,7 @@ from amps_on_kafka.log.native_producer import CompiledProducer, native_producer
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.native import core
 from amps_on_kafka.protocol.frames import encode_frame
+from amps_on_kafka.server.delivery import BATCH_NUMBERS, batch_numbers
 from tests.native.test_encoded_run import SPECS, run_all, runs
 from tests.polling import until
 from tests.server.test_publish_batches import flushed, logged_on
@@ -235,3 +236,44 @@ def test_the_compiled_producers_run_takes_what_its_twin_takes(run_publishers, ru
     topics, (compiled, twin) = run_publishers
     events = [(topics[label], sequence, payload) for label, sequence, payload in run]
     assert run_all(compiled, events) == run_all(twin, events)
+
+
+def test_batch_numbers_past_31_bits_are_still_answered(
+    bootstrap: str, topic_factory, producer_kind: str
+) -> None:
+    """A compiled record's report carries its batch's number in 31 bits (its opaque is
+    (batch << 32 | index) << 1 | 1): the gateway's batch numbers wrap before that, so a
+    gateway that has written 2^31 batches (a day or two of one-publish reads) still
+    finds each report's batch. They ran past it, and the pump died on a KeyError."""
+    topic = topic_factory(1)
+    with logged_on(bootstrap, "wrapped", GatewayConfig()) as (gateway, wire):
+        wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": 0}, b"{}"))
+        assert flushed(wire, "known") == []
+        gateway.pump.batch_numbers = batch_numbers(BATCH_NUMBERS - 2)  # the wrap's last two
+        for s in range(1, 6):  # one batch a read: each its own number, across the wrap
+            wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": s}, b"{}"))
+            assert flushed(wire, f"after-{s}") == []
+    written = sorted(int(dict(r[3])["s"]) for r in records(bootstrap, topic))
+    assert written == list(range(6))
+
+
+def test_the_pump_serves_on_after_a_report_handler_raised(
+    bootstrap: str, topic_factory, producer_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in handling one poll's reports is logged, and the pump serves the next
+    polls: it died, and every later publish waited for an answer for good."""
+    topic = topic_factory(1)
+    with logged_on(bootstrap, "pump-raised", GatewayConfig()) as (gateway, wire):
+        post, raised = gateway.pump.post, []
+
+        def post_then_raise(handler: Any, argument: Any) -> None:
+            post(handler, argument)
+            if not raised:
+                raised.append(True)
+                raise RuntimeError("a handler's bug")
+
+        gateway.pump.post = post_then_raise  # type: ignore[method-assign]
+        for s in range(1, 4):
+            wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": s}, b"{}"))
+            assert flushed(wire, f"after-{s}") == []
+    assert raised and "a handler's bug" in caplog.text
