@@ -77,8 +77,8 @@ def native_producer(
     settings = text_settings(config)
     if core is None or not hasattr(core, "RdProducer") or path is None or settings is None:
         return None
-    if str(config.get("delivery.report.only.error", False)).lower() in ("true", "1"):
-        return None  # a success is never reported: its callback would never be freed
+    if str(config.get("delivery.report.only.error", False)).lower() not in ("false", "f", "0"):
+        return None  # a success is never reported ("t" is true too): its callback never freed
     try:
         producer = core.RdProducer(
             path,
