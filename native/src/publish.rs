@@ -354,15 +354,15 @@ impl DocumentPublisher {
         let Ok(number) = sequence.extract::<i64>() else {
             return Ok(None);
         };
-        let values: Vec<Bound<PyBytes>> = headers
-            .iter()
-            .map(|header| Ok(header.get_item(1)?.cast_into::<PyBytes>()?))
-            .collect::<PyResult<_>>()?;
-        let fields: Vec<(&CString, &[u8])> = names
-            .iter()
-            .zip(&values)
-            .map(|(name, value)| (name, value.as_bytes()))
-            .collect();
+        let count = headers.len().min(names.len()); // two, or three with a key
+        let mut values: [Option<Bound<PyBytes>>; 3] = [None, None, None];
+        for (at, value) in values.iter_mut().enumerate().take(count) {
+            *value = Some(headers.get_item(at)?.get_item(1)?.cast_into::<PyBytes>()?);
+        }
+        let mut fields: [(&CString, &[u8]); 3] = [(&names[0], &[]); 3];
+        for ((field, name), value) in fields.iter_mut().zip(names).zip(values.iter().flatten()) {
+            *field = (name, value.as_bytes());
+        }
         let key = match key.cast::<PyString>() {
             Ok(text) => Some(text.to_str()?.as_bytes()),
             Err(_) if key.is_none() => None,
@@ -372,7 +372,7 @@ impl DocumentPublisher {
             name.cast::<PyString>()?.to_str()?,
             value.cast::<PyBytes>()?.as_bytes(),
             key,
-            &fields,
+            &fields[..count],
             number,
         )
     }

@@ -24,6 +24,7 @@ from amps_on_kafka.cli import main
 from amps_on_kafka.client import COMPLETED, AsyncClient, Client
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
+from amps_on_kafka.log import native_producer as native_producer_module
 from amps_on_kafka.log import replay as replay_module
 from amps_on_kafka.log.kafka import reader_config
 from amps_on_kafka.log.native_reader import native_reader
@@ -204,6 +205,32 @@ def test_the_gateway_publishes_over_sasl_ssl_through_either_producer(secured_kaf
     compiled = core is not None and hasattr(core, "RdProducer")
     publish(compiled)
     monkeypatch.setattr(gateway_module, "native_producer", lambda *args: None)
+    publish(False)
+    with Replay(secured_kafka.bootstrap, topic, "0", max_idle=1.0) as replay:
+        read = sorted((m.data["native"], m.data["id"]) for m in replay if m is not COMPLETED)
+    assert read == sorted([(False, i) for i in range(3)] + [(compiled, i) for i in range(3)])
+
+
+def test_a_kafka_client_publishes_over_sasl_ssl_through_either_producer(secured_kafka, monkeypatch):
+    """A kafka:// client's own compiled producer (log/native_producer.own_producer) takes
+    the secured broker's settings as text too: its publishes reach the log alike."""
+    topic = f"secured-own-{uuid.uuid4().hex[:8]}"
+    config = ("--kafka-config", str(secured_kafka.properties_file))
+    assert cli("topics", "create", topic, *config).exit_code == 0
+
+    def publish(native: bool) -> None:
+        with Client(f"secured-own-{native}") as client:
+            client.connect(f"kafka://{secured_kafka.bootstrap}", kafka_config=config[1])
+            client.logon(timeout=CLEAR_ERROR)
+            for i in range(3):
+                client.publish(topic, {"id": i, "native": native})
+            client.publish_flush(30)
+            producer = client._transport.publisher._producer
+            assert isinstance(producer, native_producer_module.CompiledProducer) is native
+
+    compiled = core is not None and hasattr(core, "RdProducer")
+    publish(compiled)
+    monkeypatch.setattr(native_producer_module, "native_producer", lambda *args: None)
     publish(False)
     with Replay(secured_kafka.bootstrap, topic, "0", max_idle=1.0) as replay:
         read = sorted((m.data["native"], m.data["id"]) for m in replay if m is not COMPLETED)
