@@ -60,9 +60,10 @@ class CompiledProducer:
         return self._metadata.list_topics(*args, **kwargs)
 
     def close(self) -> None:
-        """Destroy the handle now, once nothing produces or polls any more and the caller
-        flushed (Gateway.stop stops the loop and the pump first); the metadata client goes
-        with its last reference."""
+        """Destroy the handle now, once the caller flushed (records still unreported are
+        purged, their callbacks freed uncalled); a poll or flush under way is waited for,
+        and any call after it does nothing. The metadata client goes with its last
+        reference."""
         self.core.close()
         self._metadata = None
 

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -36,6 +36,10 @@ use crate::staging::key_of;
 const PRODUCER: c_int = 0;
 /// `RD_KAFKA_RESP_ERR__QUEUE_FULL`: confluent-kafka raises BufferError for it.
 const QUEUE_FULL: c_int = -184;
+/// `RD_KAFKA_RESP_ERR__DESTROY`: what a produce on a closed handle is refused with.
+const DESTROYED: c_int = -197;
+/// `RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT`: every record not yet reported.
+const PURGE_ALL: c_int = 3;
 /// `RD_KAFKA_MSG_F_COPY`: librdkafka copies the value and key.
 const MSG_F_COPY: c_int = 2;
 /// `RD_KAFKA_PARTITION_UA`: the partitioner places the record.
@@ -131,6 +135,7 @@ struct Api {
     error_destroy: extern "C" fn(*mut c_void),
     poll: extern "C" fn(*mut c_void, c_int) -> c_int,
     flush: extern "C" fn(*mut c_void, c_int) -> c_int,
+    purge: extern "C" fn(*mut c_void, c_int) -> c_int,
     outq_len: extern "C" fn(*mut c_void) -> c_int,
     topic_new: extern "C" fn(*mut c_void, *const c_char, *mut c_void) -> *mut c_void,
     topic_destroy: extern "C" fn(*mut c_void),
@@ -157,6 +162,7 @@ fn load(path: &str) -> Result<Api, String> {
             error_destroy: symbol(library, "error_destroy")?,
             poll: symbol(library, "poll")?,
             flush: symbol(library, "flush")?,
+            purge: symbol(library, "purge")?,
             outq_len: symbol(library, "outq_len")?,
             topic_new: symbol(library, "topic_new")?,
             topic_destroy: symbol(library, "topic_destroy")?,
@@ -229,7 +235,12 @@ struct Handle {
     reports: Box<Mutex<Vec<Report>>>,
     /// Topic handles by name, made once (a topic by name costs a look-up per record).
     topics: Mutex<HashMap<String, usize>>,
+    /// Set by close with the GIL held. `send` reads it with the GIL held and keeps the
+    /// GIL until librdkafka returns, so no produce runs on a destroyed handle.
     closed: AtomicBool,
+    /// Held shared by a poll or flush waiting in librdkafka without the GIL, and alone
+    /// by close: the handle is never destroyed under a thread still inside it.
+    serving: RwLock<()>,
 }
 
 // SAFETY: librdkafka's handles may be used from any thread; the rest is behind locks.
@@ -266,6 +277,9 @@ impl Handle {
         headers: &[Vu],
         opaque: usize,
     ) -> c_int {
+        if self.closed.load(Ordering::SeqCst) {
+            return DESTROYED; // a run's Python calls may have let close in
+        }
         let rkt = self.topic(topic);
         let named = if rkt == 0 {
             CString::new(topic).ok()
@@ -313,6 +327,12 @@ impl Handle {
         code
     }
 
+    /// `call(rk)` with close kept out meanwhile (run without the GIL); None when closed.
+    fn serving<T>(&self, call: impl FnOnce(*mut c_void) -> T) -> Option<T> {
+        let _shared = self.serving.read().unwrap_or_else(|e| e.into_inner());
+        (!self.closed.load(Ordering::SeqCst)).then(|| call(self.rk))
+    }
+
     fn take_reports(&self) -> Vec<Report> {
         std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
     }
@@ -327,9 +347,13 @@ impl Drop for Handle {
 }
 
 impl Handle {
-    /// Destroy the handle (its topics first). Reports of records still queued are lost
-    /// with it: the gateway flushes first (Gateway._close_producer).
+    /// Destroy the handle (its topics first). Records not yet reported are purged and
+    /// their callbacks freed, not called (the owner flushed first, as
+    /// Gateway._close_producer does): librdkafka's destroy drops them without a report,
+    /// which kept each callback, and all it referenced, for good.
     fn close(&self) {
+        (self.api.purge)(self.rk, PURGE_ALL);
+        (self.api.poll)(self.rk, 0); // the purged records' reports, queued here
         for (_, rkt) in self
             .topics
             .lock()
@@ -424,6 +448,7 @@ impl RdProducer {
             reports,
             topics: Mutex::default(),
             closed: AtomicBool::new(false),
+            serving: RwLock::new(()),
         };
         Ok(Self {
             handle,
@@ -530,26 +555,20 @@ impl RdProducer {
     /// raises; the first exception is raised after.
     #[pyo3(signature = (timeout=-1.0))]
     fn poll(&self, py: Python<'_>, timeout: f64) -> PyResult<i32> {
-        if self.handle.closed.load(Ordering::SeqCst) {
-            return Ok(0);
-        }
-        let (api, rk) = (self.handle.api, self.handle.rk as usize);
-        let served = py.detach(|| (api.poll)(rk as *mut c_void, millis(timeout)));
+        let (handle, wait) = (&self.handle, millis(timeout));
+        let served = py.detach(|| handle.serving(|rk| (handle.api.poll)(rk, wait)));
         self.serve(py)?;
-        Ok(served)
+        Ok(served.unwrap_or(0))
     }
 
     /// Wait up to `timeout` seconds for every record to be reported, serving the
     /// reports; the number still queued.
     #[pyo3(signature = (timeout=-1.0))]
     fn flush(&self, py: Python<'_>, timeout: f64) -> PyResult<i32> {
-        if self.handle.closed.load(Ordering::SeqCst) {
-            return Ok(0);
-        }
-        let (api, rk) = (self.handle.api, self.handle.rk as usize);
-        py.detach(|| (api.flush)(rk as *mut c_void, millis(timeout)));
+        let (handle, wait) = (&self.handle, millis(timeout));
+        py.detach(|| handle.serving(|rk| (handle.api.flush)(rk, wait)));
         self.serve(py)?;
-        Ok((api.outq_len)(self.handle.rk))
+        Ok(self.__len__() as i32)
     }
 
     fn __len__(&self) -> usize {
@@ -559,12 +578,19 @@ impl RdProducer {
         (self.handle.api.outq_len)(self.handle.rk).max(0) as usize
     }
 
-    /// Destroy the handle now (its threads and connections); idempotent. For the owner to
-    /// call once nothing produces or polls any more (the gateway stops its loop and its
-    /// pump first): a produce already past its closed check would use the handle.
+    /// Destroy the handle now (its threads and connections), after any poll or flush
+    /// under way returns; idempotent. A produce, poll or flush after it does nothing
+    /// (produce raises RuntimeError).
     fn close(&self, py: Python<'_>) {
         if !self.handle.closed.swap(true, Ordering::SeqCst) {
-            py.detach(|| self.handle.close());
+            py.detach(|| {
+                let _alone = self
+                    .handle
+                    .serving
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner());
+                self.handle.close()
+            });
         }
     }
 }

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -277,3 +279,49 @@ def test_the_pump_serves_on_after_a_report_handler_raised(
             wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": s}, b"{}"))
             assert flushed(wire, f"after-{s}") == []
     assert raised and "a handler's bug" in caplog.text
+
+
+def test_closing_with_records_in_flight_frees_their_callbacks() -> None:
+    """librdkafka's destroy drops the records it still holds without a report: close
+    purges them first, so each record's callback (the gateway's holds its session) is
+    freed, not kept for good."""
+    compiled, _ = producers()
+
+    class Callback:
+        def __call__(self, error: Any, message: Any) -> None:
+            raise AssertionError("a purged record's callback is freed, not called")
+
+    callbacks = [Callback() for _ in range(50)]
+    for callback in callbacks:
+        compiled.produce("t", b"v", on_delivery=callback)
+    alive = [weakref.ref(callback) for callback in callbacks]
+    del callbacks, callback
+    assert len(compiled) >= 50  # librdkafka counts an event it queued too
+    compiled.close()
+    gc.collect()
+    assert [ref for ref in alive if ref() is not None] == []
+
+
+def test_close_waits_for_the_polls_under_way_and_ends_the_next() -> None:
+    """A poll or flush waits in librdkafka without the GIL: close waits for it instead of
+    destroying the handle under it, and what comes after close touches nothing."""
+    compiled, _ = producers()
+    compiled.produce("t", b"v")
+    started, results = threading.Barrier(3), []
+
+    def poll() -> None:
+        started.wait()
+        results.append(compiled.poll(0.5))
+        results.append(compiled.flush(0.5))
+
+    threads = [threading.Thread(target=poll) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    compiled.close()
+    for thread in threads:
+        thread.join()
+    assert compiled.poll(0) == 0 and compiled.flush(1) == 0 and len(compiled) == 0
+    assert len(results) == 4
+    with pytest.raises(RuntimeError, match="closed"):
+        compiled.produce("t", b"after")
