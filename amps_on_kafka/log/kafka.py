@@ -272,6 +272,8 @@ def reader_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
 
 def partitions_of(client: AdminClient | Consumer | Producer, topic: str) -> list[int]:
     """The partitions of a topic; UnknownTopic when Kafka doesn't have it."""
+    if "\0" in topic:  # a client's: librdkafka's C string would raise ValueError
+        raise UnknownTopic(f"topic {topic!r} does not exist (a topic name holds no NUL)")
     try:
         metadata = client.list_topics(topic, timeout=METADATA_TIMEOUT)
     except KafkaException as exc:

@@ -6,6 +6,7 @@ confluent-kafka's, and it leaves nothing behind when a gateway stops."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 import weakref
@@ -21,7 +22,7 @@ from amps_on_kafka.log.kafka import client_config, log_producer_config, partitio
 from amps_on_kafka.log.native_producer import CompiledProducer, native_producer
 from amps_on_kafka.log.publisher import LogPublisher
 from amps_on_kafka.native import core
-from amps_on_kafka.protocol.frames import encode_frame
+from amps_on_kafka.protocol.frames import encode_frame, frame_of
 from amps_on_kafka.server.delivery import BATCH_NUMBERS, batch_numbers
 from tests.native.test_encoded_run import SPECS, run_all, runs
 from tests.polling import until
@@ -325,3 +326,36 @@ def test_close_waits_for_the_polls_under_way_and_ends_the_next() -> None:
     assert len(results) == 4
     with pytest.raises(RuntimeError, match="closed"):
         compiled.produce("t", b"after")
+
+
+def test_hostile_publishes_are_each_answered_and_the_session_serves_on(
+    bootstrap: str, topic_factory, producer_kind: str
+) -> None:
+    """Sequence numbers of every wrong kind, a key holding a NUL, a lone surrogate, a
+    key that is an object, a topic name holding a NUL (librdkafka's C string raised
+    ValueError, and the session was closed as if the gateway had a bug): each refused
+    with its reason or written, the budget empty after, the next publish written."""
+    topic = topic_factory(2, key=("/id",))
+    bad_sequences = [-1, 1.5, "5", 2**70, True, [1], 2**64]
+    burst = [
+        frame_of(json.dumps({"c": "publish", "t": topic, "s": s}).encode(), b'{"id": "k"}')
+        for s in bad_sequences
+    ]
+    burst += [
+        encode_frame({"c": "publish", "t": topic, "s": 1}, b'{"id": "k\\u0000z"}'),
+        encode_frame({"c": "publish", "t": topic, "s": 2}, b'{"id": "\\ud800"}'),
+        encode_frame({"c": "publish", "t": topic, "s": 3}, b'{"id": {"a": 1}}'),
+        encode_frame({"c": "publish", "t": f"{topic}\x00x", "s": 4}, b'{"id": 1}'),
+    ]
+    with logged_on(bootstrap, "hostile", GatewayConfig()) as (gateway, wire):
+        wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": 0}, b'{"id": 0}'))
+        assert flushed(wire, "known") == []
+        wire.send_raw(b"".join(burst))
+        refused = {json.dumps(r["s"]): r["reason"] for r in flushed(wire, "after")}
+        assert gateway.budget.commands == 0
+        wire.send_raw(encode_frame({"c": "publish", "t": topic, "s": 5}, b'{"id": 5}'))
+        assert flushed(wire, "again") == []
+    assert len(refused) == len(bad_sequences) + 2
+    assert "not valid JSON" in refused["2"] and "holds no NUL" in refused["4"]
+    written = {int(dict(r[3])["s"]): r[1] for r in records(bootstrap, topic)}
+    assert written == {0: b"0", 1: b"k\x00z", 3: b'{"a":1}', 5: b"5"}
