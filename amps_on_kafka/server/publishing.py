@@ -98,9 +98,12 @@ def publish_run(session: Session, events: list[Event], start: int) -> int:
         return start
     batch = writes.open_batch(size, end - start)
     run = writes.publisher.publish_run  # compiled: the common case with no Python frame
-    position = run(events, start, end, writes.delivery, batch.number << BATCH_BITS, batch.publishes)
-    left: list[Publish] = events[position:end]  # type: ignore[assignment]
-    writes.seal(batch, sum(len(e[2]) for e in left) + RECORD_OVERHEAD * len(left))
+    try:
+        run(events, start, end, writes.delivery, batch.number << BATCH_BITS, batch.publishes)
+    finally:  # a run that raised (a bug) still seals: else its share is held for good
+        position = start + len(batch.publishes)  # what it returns: the first not produced
+        left: list[Publish] = events[position:end]  # type: ignore[assignment]
+        writes.seal(batch, sum(len(e[2]) for e in left) + RECORD_OVERHEAD * len(left))
     return position
 
 
