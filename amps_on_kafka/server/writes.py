@@ -127,13 +127,13 @@ class Writes:
 
     async def begin(self, request: Request) -> PendingWrite:
         """Wait for room in the worker's PublishBudget, then number the command."""
-        size = len(request.payload) + RECORD_OVERHEAD
+        size = charge(request)
         await self.budget.reserve(size)
         return self._issue(request, size)
 
     def begin_at_once(self, request: Request) -> PendingWrite | None:
         """begin() when the budget has room now; None when the command must wait."""
-        size = len(request.payload) + RECORD_OVERHEAD
+        size = charge(request)
         if not self.budget.take_now(size):
             return None
         return self._issue(request, size)
@@ -221,6 +221,24 @@ class Writes:
             else:
                 waiting.append((target, future))
         self._flushes = waiting
+
+
+def charge(request: Request) -> int:
+    """A command's bytes of the PublishBudget: its payload, and the correlation id (a
+    header) and SOW keys (a record each, with the key as its key and a header) its
+    records carry. librdkafka's own queue limits count no header, so a client publishing
+    a megabyte of correlation id with an empty payload, charged RECORD_OVERHEAD alone,
+    could make the worker hold MaxPublishesInFlight megabytes."""
+    header, size = request.header, len(request.payload) + RECORD_OVERHEAD
+    correlation, keys = header.get("x"), header.get("k")
+    if type(correlation) is str:
+        size += len(correlation)
+    if type(keys) is str:
+        keys = keys.split(",")
+    if type(keys) is list:  # what is not a str is refused before anything is produced
+        size += sum(2 * len(k) + RECORD_OVERHEAD for k in keys if type(k) is str)
+        size -= RECORD_OVERHEAD  # the command's own
+    return size
 
 
 def batch_deliveries(

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from amps_on_kafka.server import delivery
 from amps_on_kafka.server.delivery import PublishBudget
+from amps_on_kafka.server.requests import Request
+from amps_on_kafka.server.writes import RECORD_OVERHEAD, charge
 
 MAX_BYTES = 1000
 MAX_COMMANDS = 4
@@ -122,3 +124,16 @@ def test_memory_is_handed_back_after_many_small_publishes_too(monkeypatch):
 
 def test_release_freed_memory_runs_where_the_libc_has_it_or_not():
     delivery.release_freed_memory()  # glibc: malloc_trim(0); elsewhere nothing
+
+
+def test_a_commands_charge_counts_the_headers_its_records_carry() -> None:
+    """librdkafka's queue limits count no header: a correlation id or SOW key is charged
+    to the budget with the payload (a megabyte of correlation id was 256 bytes)."""
+    plain = Request({"c": "publish", "t": "t"}, b'{"id": 1}', frozenset())
+    assert charge(plain) == 9 + RECORD_OVERHEAD
+    big = Request({"c": "publish", "t": "t", "x": "c" * 900_000}, b"", frozenset())
+    assert charge(big) == 900_000 + RECORD_OVERHEAD
+    keys = Request({"c": "sow_delete", "t": "t", "k": "a,bc", "x": 5}, b"", frozenset())
+    assert charge(keys) == 2 * 3 + 2 * RECORD_OVERHEAD  # a record a key; x is refused later
+    listed = Request({"c": "sow_delete", "t": "t", "k": ["a", "bc", 3]}, b"", frozenset())
+    assert charge(listed) == charge(keys)
