@@ -11,13 +11,14 @@
 //! publish) or to its own fallbacks is handed to the same callables here, so refusals,
 //! errors and records are the same.
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyIterator, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
 use std::ffi::CString;
+use std::io::Write;
 
 use crate::rdkafka_producer::RdProducer;
 
@@ -68,7 +69,8 @@ struct DocumentPublisher {
     /// The client's own compiled producer (log/native_producer.py), whose records are
     /// numbered (reported only if they fail) instead of given a callback each; with
     /// the headers' names (the publisher's, the sequence's, the key's) as C strings.
-    numbered: Option<(Py<RdProducer>, [CString; 3])>,
+    /// And the publisher's id, its header's value.
+    numbered: Option<(Py<RdProducer>, [CString; 3], Vec<u8>)>,
 }
 
 #[pymethods]
@@ -128,7 +130,8 @@ impl DocumentPublisher {
                     name(sequence_header.bind(py).as_any())?,
                     name(key_header.bind(py).as_any())?,
                 ];
-                Ok(Some((producer, names)))
+                let id = publisher.bind(py).get_item(1)?.extract::<Vec<u8>>()?;
+                Ok(Some((producer, names, id)))
             })?,
         };
         Ok(Self {
@@ -178,7 +181,7 @@ impl DocumentPublisher {
         ] {
             visit.call(held)?;
         }
-        if let Some((producer, _)) = &self.numbered {
+        if let Some((producer, _, _)) = &self.numbered {
             visit.call(producer)?;
         }
         Ok(())
@@ -209,10 +212,9 @@ impl DocumentPublisher {
             Err(err) => return Err(err),
         };
         let extract = route.get_item(1)?;
-        let (key, sequence, headers) = if extract.is_none() {
+        let (key, key_bytes, sequence) = if extract.is_none() {
             let sequence = self.next_sequence(py)?; // numbered once valid, as publish() does
-            let headers = PyList::new(py, [self.publisher.bind(py), &self.numbered(&sequence)?])?;
-            (py.None().into_bound(py), sequence, headers)
+            (py.None().into_bound(py), None, sequence)
         } else {
             let key = Self::key(data, &route.get_item(2)?, &extract)?;
             let sequence = self.next_sequence(py)?;
@@ -220,25 +222,24 @@ impl DocumentPublisher {
                 Ok(text) => text.encode_utf8()?.into_any(),
                 Err(_) => key.call_method0("encode")?,
             };
-            let key_item = PyTuple::new(py, [self.key_header.bind(py).as_any(), &key_bytes])?;
-            let numbered = self.numbered(&sequence)?;
-            let headers = PyList::new(py, [self.publisher.bind(py), &numbered, key_item.as_any()])?;
             let partitions = route.get_item(3)?;
             if partitions.is_truthy()? && self.count_stale(&name, &partitions)? {
                 self.recheck.bind(py).call1((topic, &key))?; // refused if it changed
             }
-            (key, sequence, headers)
+            (key, Some(key_bytes), sequence)
         };
-        if let Some(code) = self.produce_numbered(&name, &value, &key, &headers, &sequence)? {
-            if code != 0 {
-                // refused, as produce raising BufferError or KafkaException: the general handling
-                let retry = self.retry.bind(py);
-                retry.call1((&name, &key, &value, &headers, &sequence, py.None()))?;
-                return Ok(sequence);
-            }
+        let numbered = self.produce_numbered(&name, &value, &key, key_bytes.as_ref(), &sequence)?;
+        if numbered == Some(0) {
             if self.due_poll(&sequence)? {
                 self.poll.bind(py).call1((0,))?;
             }
+            return Ok(sequence);
+        }
+        let headers = self.headers(key_bytes.as_ref(), &sequence)?; // the twin's, for produce
+        if numbered.is_some() {
+            // refused, as produce raising BufferError or KafkaException: the general handling
+            let retry = self.retry.bind(py);
+            retry.call1((&name, &key, &value, &headers, &sequence, py.None()))?;
             return Ok(sequence);
         }
         let delivery = Bound::new(
@@ -345,36 +346,56 @@ impl DocumentPublisher {
         name: &Bound<PyAny>,
         value: &Bound<PyAny>,
         key: &Bound<PyAny>,
-        headers: &Bound<PyList>,
+        key_bytes: Option<&Bound<PyAny>>,
         sequence: &Bound<PyAny>,
     ) -> PyResult<Option<std::ffi::c_int>> {
-        let Some((producer, names)) = &self.numbered else {
+        let Some((producer, [publisher, numbered, keyed], id)) = &self.numbered else {
             return Ok(None);
         };
         let Ok(number) = sequence.extract::<i64>() else {
             return Ok(None);
         };
-        let count = headers.len().min(names.len()); // two, or three with a key
-        let mut values: [Option<Bound<PyBytes>>; 3] = [None, None, None];
-        for (at, value) in values.iter_mut().enumerate().take(count) {
-            *value = Some(headers.get_item(at)?.get_item(1)?.cast_into::<PyBytes>()?);
-        }
-        let mut fields: [(&CString, &[u8]); 3] = [(&names[0], &[]); 3];
-        for ((field, name), value) in fields.iter_mut().zip(names).zip(values.iter().flatten()) {
-            *field = (name, value.as_bytes());
-        }
-        let key = match key.cast::<PyString>() {
-            Ok(text) => Some(text.to_str()?.as_bytes()),
-            Err(_) if key.is_none() => None,
-            Err(_) => return Ok(None), // what `produce` makes of another key, it says
+        // the key as `produce` encodes a str key, the bytes of the twin's `k` header
+        let key = match key_bytes {
+            None => None,
+            Some(bytes) if key.is_instance_of::<PyString>() => Some(bytes.cast::<PyBytes>()?),
+            Some(_) => return Ok(None), // what `produce` makes of another key, it says
         };
+        let mut written = [0u8; 20]; // `b"%d" % sequence` on the stack
+        let end = {
+            let mut at = std::io::Cursor::new(&mut written[..]);
+            write!(at, "{number}").map_err(|e| PyValueError::new_err(e.to_string()))?;
+            at.position() as usize
+        };
+        let digits = &written[..end];
+        let mut fields = [(publisher, &id[..]), (numbered, digits), (keyed, &[][..])];
+        if let Some(key) = key {
+            fields[2].1 = key.as_bytes();
+        }
         producer.get().produce_numbered(
             name.cast::<PyString>()?.to_str()?,
             value.cast::<PyBytes>()?.as_bytes(),
-            key,
-            &fields[..count],
+            key.map(|key| key.as_bytes()),
+            &fields[..if key.is_some() { 3 } else { 2 }],
             number,
         )
+    }
+
+    /// The twin's header list: the publisher's, the sequence's, and the key's if keyed.
+    fn headers<'py>(
+        &self,
+        key_bytes: Option<&Bound<'py, PyAny>>,
+        sequence: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = sequence.py();
+        let headers = PyList::new(py, [self.publisher.bind(py), &self.numbered(sequence)?])?;
+        if let Some(bytes) = key_bytes {
+            headers.append(PyTuple::new(
+                py,
+                [self.key_header.bind(py).as_any(), bytes],
+            )?)?;
+        }
+        Ok(headers)
     }
 
     /// `not sequence % poll_every`.
