@@ -103,16 +103,29 @@ def options(header: dict[str, Any], allowed: frozenset[str]) -> frozenset[str]:
     return given
 
 
+MAX_SOW_KEYS = 100_000  # keys one sow_delete may name: a record each, written at once
+
+
 def sow_keys(header: dict[str, Any]) -> list[str] | None:
-    """`k` as a JSON list of keys, or AMPS's comma-separated text (no commas inside keys)."""
+    """`k` as a JSON list of keys, or AMPS's comma-separated text (no commas inside keys).
+
+    At most MAX_SOW_KEYS: a frame of MaxFrameBytes could name two million, each a record
+    produced from the event loop, past what librdkafka queues (a gateway-wide stall)."""
     value = header.get("k")
     if value is None:
         return None
     if isinstance(value, str):
-        return [k.strip() for k in value.split(",") if k.strip()]
-    if isinstance(value, list) and all(isinstance(k, str) for k in value):
-        return value
-    raise ProtocolError("'k' must be a list of SOW keys or a comma-separated string")
+        keys = [k.strip() for k in value.split(",") if k.strip()]
+    elif isinstance(value, list) and all(isinstance(k, str) for k in value):
+        keys = value
+    else:
+        raise ProtocolError("'k' must be a list of SOW keys or a comma-separated string")
+    if len(keys) > MAX_SOW_KEYS:
+        raise ProtocolError(
+            f"'k' names {len(keys):,} keys: a sow_delete deletes at most {MAX_SOW_KEYS:,} "
+            "keys a command; split the list"
+        )
+    return keys
 
 
 def content_filter(header: dict[str, Any]) -> Filter | None:

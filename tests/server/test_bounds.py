@@ -23,7 +23,7 @@ from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.protocol.frames import Frame, encode_frame
 from amps_on_kafka.server.deletes import MAX_WATCHED, DeleteTracker
 from amps_on_kafka.server.gateway import Gateway
-from amps_on_kafka.server.requests import ProtocolError
+from amps_on_kafka.server.requests import MAX_SOW_KEYS, ProtocolError
 from amps_on_kafka.server.session import Session
 from amps_on_kafka.state.events import CommandResult
 from tests.server.helpers import Wire, is_ack
@@ -195,6 +195,25 @@ def test_an_ack_to_a_missing_queue_names_the_queue(bare_gateway, wire_to):
     assert reply.header["reason"] == (
         "no queue 'orders-queue' on this worker: an ack (sow_delete with bm) needs a queue"
     )
+
+
+def test_a_sow_delete_naming_too_many_keys_is_refused_and_the_connection_kept(served, wire_to):
+    """review8: a 4 MiB frame could name two million keys, a record each produced from
+    the event loop, past librdkafka's queue: every connection stalled until Kafka drained."""
+    topic = served.topic
+    wire = wire_to(served.address)
+    wire.logon("deleter")
+    keys = [str(n) for n in range(MAX_SOW_KEYS + 1)]
+    reply = wire.request({"c": "sow_delete", "cid": "many", "t": topic, "k": keys})
+    assert reply.header["status"] == "failure"
+    assert reply.header["reason"] == (
+        f"'k' names {MAX_SOW_KEYS + 1:,} keys: a sow_delete deletes at most "
+        f"{MAX_SOW_KEYS:,} keys a command; split the list"
+    )
+    reply = wire.request(
+        {"c": "sow_delete", "cid": "few", "t": topic, "k": keys[:3], "a": "processed"}
+    )
+    assert reply.header["status"] == "success"
 
 
 def os_threads() -> int:
