@@ -87,7 +87,10 @@ class Storm:
 
     def wait_for(self, what: str, test) -> None:
         with self.changed:
-            assert self.changed.wait_for(lambda: test(self.acks), WAIT), f"no {what} in time"
+            assert self.changed.wait_for(lambda: test(self.acks), WAIT), (
+                f"no {what} in time: {self.sent} sent, {self.successes()} persisted, "
+                f"{len(self.acks) - self.successes()} failed, the last answer {self.acks[-1:]}"
+            )
 
     def successes(self) -> int:
         return sum(1 for a in self.acks if a["status"] == "success")
