@@ -39,10 +39,16 @@ def storm(publisher, topic: str, stop: threading.Event, worker: subprocess.Popen
 
 
 def flushed(state: Path) -> bool:
-    """Whether every partition's store has written a table file: a flush completed, so
-    some state and its offsets survive a kill."""
+    """Whether every partition's store has finished a flush, so some state and its
+    offsets survive a kill. RocksDB's LOG records `flush_finished` once the table is in
+    the manifest; a table file alone can be there before that (a kill then loses it)."""
     stores = [path for path in state.glob("*/*") if path.is_dir()]
-    return len(stores) == 2 and all(any(store.glob("*.sst")) for store in stores)
+    return len(stores) == 2 and all(_flush_finished(store) for store in stores)
+
+
+def _flush_finished(store: Path) -> bool:
+    log = store / "LOG"
+    return log.exists() and '"event": "flush_finished"' in log.read_text(errors="replace")
 
 
 def test_sigkill_mid_storm_then_restart_gives_the_replayed_sow(
