@@ -16,8 +16,10 @@ mod queue_enqueue;
 mod queue_entries;
 mod queue_messages;
 mod queue_store;
+mod rdkafka_handle;
 mod rdkafka_producer;
 mod rdkafka_reader;
+mod rdkafka_reports;
 mod records;
 mod scans;
 mod staging;
@@ -33,6 +35,7 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     records::register(m)?;
     rdkafka_reader::register(m)?;
     rdkafka_producer::register(m)?;
+    rdkafka_reports::register(m)?;
     filters::register(m)?;
     acks::register(m)?;
     scans::register(m)?;
