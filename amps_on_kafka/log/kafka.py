@@ -273,7 +273,7 @@ def reader_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
 def partitions_of(client: AdminClient | Consumer | Producer, topic: str) -> list[int]:
     """The partitions of a topic; UnknownTopic when Kafka doesn't have it."""
     if "\0" in topic:  # a client's: librdkafka's C string would raise ValueError
-        raise UnknownTopic(f"topic {topic!r} does not exist (a topic name holds no NUL)")
+        raise unknown_topic(topic)
     try:
         metadata = client.list_topics(topic, timeout=METADATA_TIMEOUT)
     except KafkaException as exc:
@@ -287,12 +287,17 @@ def partitions_of(client: AdminClient | Consumer | Producer, topic: str) -> list
             KafkaError._UNKNOWN_TOPIC,
         )
     ):
-        raise UnknownTopic(
-            f"topic {topic!r} does not exist (create it with amps-kafka topics create)"
-        )
+        raise unknown_topic(topic)
     if info.error is not None:
         raise TransportError(f"metadata for topic {topic!r}: {info.error.str()}")
     return sorted(info.partitions)
+
+
+def unknown_topic(topic: str) -> UnknownTopic:
+    """The error for a topic Kafka doesn't have, saying what to do about it."""
+    if "\0" in topic:
+        return UnknownTopic(f"topic {topic!r} does not exist (a topic name holds no NUL)")
+    return UnknownTopic(f"topic {topic!r} does not exist (create it with amps-kafka topics create)")
 
 
 def topic_names(client: AdminClient | Consumer, *, internal: bool = False) -> list[str]:

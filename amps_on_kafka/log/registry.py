@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import NewTopic, OffsetSpec  # type: ignore[attr-defined]
 
 from amps_on_kafka.errors import MessageError, TransportError
 from amps_on_kafka.log.codecs import Codec, codec_for
@@ -28,10 +29,25 @@ from amps_on_kafka.log.kafka import (
     log_producer,
     partitions_of,
     reader,
+    topic_names,
+    unknown_topic,
 )
 from amps_on_kafka.log.keys import KeyExtractor
 
 REGISTRY_TOPIC = "_amps_topics"
+# A name that is neither registered nor a topic in Kafka is remembered as unknown for
+# UNKNOWN_TOPIC_TTL seconds, at most UNKNOWN_NAMES of them (the oldest forgotten first):
+# a client publishing to a misspelt topic in a loop is refused at once, with no registry
+# read and no metadata request each time. A topic created meanwhile (by another process)
+# is usable at most UNKNOWN_TOPIC_TTL seconds after it was created.
+UNKNOWN_TOPIC_TTL = 1.0
+UNKNOWN_NAMES = 4096
+# Kafka's topic list, read to tell a new name from a topic, is read at most this often
+# (every caller waiting meanwhile shares the next read): a flood of random names costs
+# the brokers at most one metadata request per interval, and no registry read at all.
+TOPIC_LIST_INTERVAL = 0.1
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -107,14 +123,69 @@ class TopicSpec:
         return ", ".join(parts)
 
 
+class Covering(Generic[T]):
+    """`fetch()` shared by the threads asking at once: a caller gets the result (or the
+    error) of a call that began after it asked, so it sees whatever happened before it
+    asked, and every caller waiting meanwhile shares the next call. Calls begin at most
+    every `interval` seconds: the caller due to make one waits out the rest first, and
+    those asking meanwhile share its call."""
+
+    def __init__(self, fetch: Callable[[], T], interval: float = 0.0) -> None:
+        self._fetch = fetch
+        self._interval = interval
+        self._changed = threading.Condition()
+        self.calls = 0  # begun
+        self._done = 0  # the number of the last call that ended, whose result is kept
+        self._busy = False  # a caller is making the next call (or waiting to)
+        self._began = -interval
+        self._result: tuple[bool, Any] = (False, None)
+
+    def get(self) -> T:
+        with self._changed:
+            needed = self.calls + 1  # the first call to begin after this one asked
+            while self._done < needed and self._busy:
+                self._changed.wait()
+            if self._done >= needed:
+                return self._outcome()
+            self._busy = True
+        time.sleep(max(0.0, self._began + self._interval - time.monotonic()))
+        with self._changed:
+            self.calls += 1
+            number, self._began = self.calls, time.monotonic()
+        try:
+            result: tuple[bool, Any] = (True, self._fetch())
+        except Exception as exc:  # every caller sharing this call is told
+            result = (False, exc)
+        with self._changed:
+            self._done, self._result, self._busy = number, result, False
+            self._changed.notify_all()
+            return self._outcome()
+
+    def _outcome(self) -> T:
+        fetched, value = self._result
+        if not fetched:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+
 class TopicRegistry:
-    """Reads the registry once and again on a miss; thread-safe for the gateway."""
+    """Reads the registry once and again on a miss; thread-safe for the gateway.
+
+    A miss costs one look at Kafka (Covering: shared, at most one per
+    TOPIC_LIST_INTERVAL): its topic list and where the registry topic ends. The registry
+    is read again (one read shared by the misses waiting for it) only for a name Kafka
+    has, or when the registry grew since it was last read; a name that is neither is
+    remembered as unknown (UNKNOWN_TOPIC_TTL)."""
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
         self._specs: dict[str, TopicSpec] = {}
+        self._unknown: dict[str, float] = {}  # name -> until when it is refused at once
+        self._read_end = -2  # where the registry ended when last read (-1: no registry)
         self._lock = threading.Lock()
         self._admin = admin_client(bootstrap)
+        self.reads = Covering(self._read_all)
+        self.looks = Covering(self._look, TOPIC_LIST_INTERVAL)
 
     def spec(self, name: str) -> TopicSpec:
         """The spec of an existing topic; UnknownTopic when Kafka lacks it.
@@ -123,9 +194,9 @@ class TopicRegistry:
         A queue's name whose publishes go elsewhere (seed 001) gives its target's spec.
         """
         with self._lock:
-            if name not in self._specs:
-                self._specs.update(self._read_all())
             found = self._specs.get(name)
+        if found is None:
+            found = self._missed(name)
         if found is not None and found.publish_target not in (None, name):
             return self.spec(found.publish_target)  # type: ignore[arg-type]
         partitions = partitions_of(self._admin, name)
@@ -133,9 +204,52 @@ class TopicRegistry:
             return TopicSpec(name=name, partitions=len(partitions))
         return found
 
+    def _missed(self, name: str) -> TopicSpec | None:
+        """The registered spec of a name not known here yet; None for a topic Kafka has
+        without an entry; UnknownTopic for neither (remembered UNKNOWN_TOPIC_TTL)."""
+        with self._lock:
+            until = self._unknown.get(name)
+        if until is not None and until > time.monotonic():
+            raise unknown_topic(name)
+        try:
+            topics, end = self.looks.get()
+        except TransportError as exc:  # shared by the callers: each is told its topic
+            raise TransportError(
+                f"can't reach Kafka for metadata of {name!r}: {exc.__cause__ or exc}"
+            ) from exc
+        if name in topics or end != self._read_end:  # registered since it was read?
+            specs, self._read_end = self.reads.get()
+            with self._lock:
+                self._specs.update(specs)
+        with self._lock:
+            found = self._specs.get(name)
+            self._unknown.pop(name, None)
+            if found is None and name not in topics:
+                while len(self._unknown) >= UNKNOWN_NAMES:  # the oldest is first
+                    del self._unknown[next(iter(self._unknown))]
+                self._unknown[name] = time.monotonic() + UNKNOWN_TOPIC_TTL
+        if found is None and name not in topics:
+            raise unknown_topic(name)
+        return found
+
+    def unknown_names(self) -> int:
+        """Names remembered as unknown now (at most UNKNOWN_NAMES)."""
+        return len(self._unknown)
+
+    def _look(self) -> tuple[frozenset[str], int]:
+        """Kafka's topic names, and the offset the registry topic ends at (-1: none)."""
+        latest = {TopicPartition(REGISTRY_TOPIC, 0): OffsetSpec.latest()}  # type: ignore[no-untyped-call]
+        ends = self._admin.list_offsets(latest, request_timeout=METADATA_TIMEOUT)
+        topics = frozenset(topic_names(self._admin, internal=True))
+        try:
+            end = next(iter(ends.values())).result().offset
+        except KafkaException:
+            end = -1  # no registry topic yet: nothing registered
+        return topics, end
+
     def entries(self) -> dict[str, TopicSpec]:
         """Every entry of the registry, read afresh (what `topics create` compares with)."""
-        specs = self._read_all()
+        specs, _ = self._read_all()
         with self._lock:
             self._specs.update(specs)
         return specs
@@ -144,6 +258,7 @@ class TopicRegistry:
         self._write(spec.name, spec.to_json())
         with self._lock:
             self._specs[spec.name] = spec
+            self._unknown.pop(spec.name, None)
 
     def unregister(self, name: str) -> None:
         """Forget a topic's entry (`topics delete`): a tombstone, which compaction keeps
@@ -165,7 +280,8 @@ class TopicRegistry:
         finally:
             producer.close()
 
-    def _read_all(self) -> dict[str, TopicSpec]:
+    def _read_all(self) -> tuple[dict[str, TopicSpec], int]:
+        """Every entry, and the offset the registry topic ended at (-1: no registry)."""
         consumer = reader(self.bootstrap)
         try:
             try:
@@ -173,10 +289,10 @@ class TopicRegistry:
                     TopicPartition(REGISTRY_TOPIC, 0), timeout=METADATA_TIMEOUT
                 )
             except KafkaException:
-                return {}  # no registry topic yet: nothing registered
+                return {}, -1  # no registry topic yet: nothing registered
             specs: dict[str, TopicSpec] = {}
             if high <= low:
-                return specs
+                return specs, high
             consumer.assign([TopicPartition(REGISTRY_TOPIC, 0, low)])
             deadline = time.monotonic() + METADATA_TIMEOUT
             while _position(consumer) < high:
@@ -186,7 +302,7 @@ class TopicRegistry:
                 for record in consume_available(consumer, 1000, 0.5):
                     if not record.error():
                         _apply(specs, record.key(), record.value())
-            return specs
+            return specs, high
         finally:
             consumer.close()
 
