@@ -2,10 +2,11 @@
 client's Client.publish on kafka://), publish_encoded and publish_run (the gateway's plain
 publishes). Each writes the record publish() writes, with the same headers, key,
 partition check and delivery report, in one Python frame or none (the compiled core's
-DocumentPublisher and EncodedRun, native/src/publish.rs), and hands publish() anything
-else. They are apart from publish() because they are its copies for speed: the call
-layers and per-record objects of the general path cost as much as produce itself
-(docs/performance.md); tests/native holds the compiled ones to their twins here.
+DocumentPublisher, native/src/publish.rs; EncodedRun, native/src/publish_runs.rs), and
+hands publish() anything else. They are apart from publish() because they are its copies
+for speed: the call layers and per-record objects of the general path cost as much as
+produce itself (docs/performance.md); tests/native holds the compiled ones to their twins
+here.
 
 A mixin of LogPublisher: it reads the publisher's state, set by LogPublisher.__init__.
 """
@@ -192,9 +193,9 @@ class OneFramePublishers:
         run) in order with publish_encoded, each reported to `delivery(base | index)`, its
         index in `produced`, where each one produced is appended; it returns the index of
         the first publish_encoded did not take (`end` when it took all). The compiled one
-        (native/src/publish.rs, EncodedRun) produces the common case itself and hands
+        (native/src/publish_runs.rs, EncodedRun) produces the common case itself and hands
         publish_encoded the rest; `_run_twin` is its twin. On the gateway's compiled
-        producer (log/native_producer.py) it is ProducerRun (native/src/rdkafka_producer.rs),
+        producer (log/native_producer.py) it is ProducerRun (the same loop, same module),
         whose records are reported as the batch's (base | index) without a callback; a
         publisher's own compiled producer has no batches' handler, so it runs EncodedRun."""
         if core is None:
@@ -213,7 +214,6 @@ class OneFramePublishers:
         return core.EncodedRun(  # type: ignore[no-any-return]
             self.publish_encoded,
             self._routes,
-            PAYLOAD_KEY,
             self._counts,
             time.monotonic,
             self._sequences,

@@ -10,6 +10,7 @@ mod frame_buffer;
 mod frames;
 mod lookups;
 mod publish;
+mod publish_runs;
 mod queue_acks;
 mod queue_dispatch;
 mod queue_enqueue;
@@ -42,6 +43,7 @@ fn amps_on_kafka_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     lookups::register(m)?;
     batches::register(m)?;
     publish::register(m)?;
+    publish_runs::register(m)?;
     queue_entries::register(m)?;
     queue_store::register(m)?;
     queue_messages::register(m)?;

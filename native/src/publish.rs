@@ -11,10 +11,10 @@
 //! publish) or to its own fallbacks is handed to the same callables here, so refusals,
 //! errors and records are the same.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyIterator, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyInt, PyIterator, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
 use std::ffi::CString;
@@ -316,15 +316,8 @@ impl DocumentPublisher {
     /// The sequence header, `(H_SEQUENCE, b"%d" % sequence)`.
     fn numbered<'py>(&self, sequence: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = sequence.py();
-        let digits = match sequence.extract::<i64>() {
-            Ok(number) => PyBytes::new(py, number.to_string().as_bytes()),
-            Err(_) => PyBytes::new(py, sequence.str()?.to_str()?.as_bytes()),
-        };
-        Ok(PyTuple::new(
-            py,
-            [self.sequence_header.bind(py).as_any(), digits.as_any()],
-        )?
-        .into_any())
+        let header = [self.sequence_header.bind(py).as_any(), &digits(sequence)?];
+        Ok(PyTuple::new(py, header)?.into_any())
     }
 
     fn count_stale(&self, name: &Bound<PyAny>, partitions: &Bound<PyAny>) -> PyResult<bool> {
@@ -361,13 +354,8 @@ impl DocumentPublisher {
             Some(bytes) if key.is_instance_of::<PyString>() => Some(bytes.cast::<PyBytes>()?),
             Some(_) => return Ok(None), // what `produce` makes of another key, it says
         };
-        let mut written = [0u8; 20]; // `b"%d" % sequence` on the stack
-        let end = {
-            let mut at = std::io::Cursor::new(&mut written[..]);
-            write!(at, "{number}").map_err(|e| PyValueError::new_err(e.to_string()))?;
-            at.position() as usize
-        };
-        let digits = &written[..end];
+        let mut written = [0u8; 20];
+        let digits = stack_digits(number, &mut written);
         let mut fields = [(publisher, &id[..]), (numbered, digits), (keyed, &[][..])];
         if let Some(key) = key {
             fields[2].1 = key.as_bytes();
@@ -407,189 +395,6 @@ impl DocumentPublisher {
     }
 }
 
-/// `LogPublisher.publish_run` (log/publisher.py; its twin `_run_twin`): a gateway read's
-/// run of plain publishes (`(topic, s, payload)` tuples, server/publishing.py
-/// `publish_run`) produced in one call. For each, the common case — a routed topic, its
-/// key read from the payload by `key_of` (no key, or a top-level field), a fresh partition
-/// count — is handed to `produce` here with the headers `publish_encoded` writes;
-/// anything else is handed to `publish_encoded` itself (the twin's one publish), so
-/// every record, refusal and number is the twin's. A publish neither takes ends the run.
-#[pyclass(frozen, module = "amps_on_kafka_native")]
-struct EncodedRun {
-    encoded: Py<PyAny>,
-    routes: Py<PyDict>,
-    key_of: Py<PyAny>,
-    counts: Py<PyDict>,
-    monotonic: Py<PyAny>,
-    sequences: Py<PyIterator>,
-    publisher: Py<PyAny>,
-    sequence_header: Py<PyString>,
-    key_header: Py<PyString>,
-    produce: Py<PyAny>,
-    retried: Py<PyAny>,
-}
-
-#[pymethods]
-impl EncodedRun {
-    /// `encoded` (publish_encoded, the twin of one publish), the route table, `key_of`
-    /// (PAYLOAD_KEY), the partition count cache and its clock, the sequence counter, the
-    /// publisher's header and the header names of the sequence and the key, `produce`,
-    /// and the exceptions of `produce` that end a run (`publish_encoded` answers None).
-    #[new]
-    #[pyo3(signature = (
-        encoded, routes, key_of, counts, monotonic, sequences, publisher, sequence_header,
-        key_header, produce, retried
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        encoded: Py<PyAny>,
-        routes: Py<PyDict>,
-        key_of: Py<PyAny>,
-        counts: Py<PyDict>,
-        monotonic: Py<PyAny>,
-        sequences: Py<PyIterator>,
-        publisher: Py<PyAny>,
-        sequence_header: Py<PyString>,
-        key_header: Py<PyString>,
-        produce: Py<PyAny>,
-        retried: Py<PyAny>,
-    ) -> Self {
-        Self {
-            encoded,
-            routes,
-            key_of,
-            counts,
-            monotonic,
-            sequences,
-            publisher,
-            sequence_header,
-            key_header,
-            produce,
-            retried,
-        }
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for held in [
-            self.encoded.as_any(),
-            self.routes.as_any(),
-            self.key_of.as_any(),
-            self.counts.as_any(),
-            self.monotonic.as_any(),
-            self.sequences.as_any(),
-            self.publisher.as_any(),
-            self.sequence_header.as_any(),
-            self.key_header.as_any(),
-            self.produce.as_any(),
-            self.retried.as_any(),
-        ] {
-            visit.call(held)?;
-        }
-        Ok(())
-    }
-
-    /// Produce `events[start:end]` in order, each reported to `delivery(base | index)`
-    /// (its index in `produced`, where each one produced is appended); the index of the
-    /// first not produced (`end` when all were).
-    fn __call__(
-        &self,
-        events: &Bound<'_, PyList>,
-        start: usize,
-        end: usize,
-        delivery: &Bound<'_, PyAny>,
-        base: u64,
-        produced: &Bound<'_, PyList>,
-    ) -> PyResult<usize> {
-        let py = events.py();
-        let mut position = start;
-        while position < end {
-            let event = events.get_item(position)?;
-            let report = delivery.call1((base | produced.len() as u64,))?;
-            let taken = match self.produced(&event, &report)? {
-                Some(taken) => taken,
-                None => {
-                    let (topic, sequence, payload) =
-                        (event.get_item(0)?, event.get_item(1)?, event.get_item(2)?);
-                    let answer = self.encoded.bind(py);
-                    !answer.call1((topic, payload, sequence, report))?.is_none()
-                }
-            };
-            if !taken {
-                break;
-            }
-            produced.append(event)?;
-            position += 1;
-        }
-        Ok(position)
-    }
-}
-
-impl EncodedRun {
-    /// Some(whether produced) for the common case; None, having done nothing, for what
-    /// `publish_encoded` decides.
-    fn produced(
-        &self,
-        event: &Bound<'_, PyAny>,
-        report: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<bool>> {
-        let py = event.py();
-        let event = event.cast::<PyTuple>()?;
-        let (topic, given, payload) = (event.get_item(0)?, event.get_item(1)?, event.get_item(2)?);
-        let Some(route) = self.routes.bind(py).get_item(&topic)? else {
-            return Ok(None);
-        };
-        let Ok(route) = route.cast_into::<PyTuple>() else {
-            return Ok(None); // None: publish() takes the topic
-        };
-        let (name, extract, field) = (route.get_item(0)?, route.get_item(1)?, route.get_item(2)?);
-        if !extract.is_none() && !field.is_truthy()? {
-            return Ok(None); // a key `extract` reads from the decoded document
-        }
-        let key = self.key_of.bind(py).call1((&payload, &field))?;
-        if key.is_exact_instance_of::<PyBool>() {
-            return Ok(None); // False: not JSON, or a key to decode
-        }
-        let partitions = route.get_item(3)?;
-        if partitions.is_truthy()? && self.count_stale(&name, &partitions)? {
-            return Ok(None);
-        }
-        let sequence = if given.is_none() {
-            match self.sequences.bind(py).clone().next() {
-                Some(sequence) => sequence?,
-                None => return Err(pyo3::exceptions::PyStopIteration::new_err(())),
-            }
-        } else {
-            given
-        };
-        let numbered = PyTuple::new(
-            py,
-            [self.sequence_header.bind(py).as_any(), &digits(&sequence)?],
-        )?;
-        let headers = PyList::new(py, [self.publisher.bind(py).as_any(), numbered.as_any()])?;
-        if !key.is_none() {
-            let text = key.cast::<PyString>()?.encode_utf8()?;
-            headers.append((self.key_header.bind(py), text))?;
-        }
-        // produce(topic, value, key, partition, callback, on_delivery, timestamp, headers)
-        let args = (&name, &payload, &key, -1, report, py.None(), 0, &headers);
-        match self.produce.bind(py).call1(args) {
-            Ok(_) => Ok(Some(true)),
-            Err(err) if err.is_instance(py, self.retried.bind(py)) => Ok(Some(false)),
-            Err(err) => Err(err),
-        }
-    }
-
-    fn count_stale(&self, name: &Bound<PyAny>, partitions: &Bound<PyAny>) -> PyResult<bool> {
-        let py = name.py();
-        count_stale(
-            self.counts.bind(py),
-            self.monotonic.bind(py),
-            name,
-            partitions,
-        )
-    }
-}
-
 /// Whether the cached partition count of `name` is missing, expired or not the one the
 /// route was made with (`cached is None or cached[1] <= monotonic() or cached[0] !=
 /// partitions`), as the twins check it.
@@ -606,6 +411,14 @@ pub(crate) fn count_stale(
         return Ok(true);
     }
     cached.get_item(0)?.ne(partitions)
+}
+
+/// `b"%d" % number` written into `buffer`, no allocation (20 bytes hold any i64).
+pub(crate) fn stack_digits(number: i64, buffer: &mut [u8; 20]) -> &[u8] {
+    let mut at = std::io::Cursor::new(&mut buffer[..]);
+    write!(at, "{number}").expect("20 bytes hold an i64's digits");
+    let end = at.position() as usize;
+    &buffer[..end]
 }
 
 /// `b"%d" % sequence`.
@@ -714,7 +527,6 @@ impl BatchDelivery {
 
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
     m.add_class::<DocumentPublisher>()?;
-    m.add_class::<EncodedRun>()?;
     m.add_class::<BatchDeliveries>()?;
     m.add_class::<BatchDelivery>()?;
     m.add_class::<Delivery>()

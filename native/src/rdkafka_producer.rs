@@ -7,9 +7,9 @@
 //! (docs/performance.md). This is a producer handle of its own on the librdkafka the
 //! confluent-kafka wheel loaded (found and version-checked as the replay's reader is),
 //! configured with the same text settings, that:
-//! - produces a gateway read's run of plain publishes in one call (`ProducerRun`), the
-//!   headers given to `rd_kafka_produceva` as C strings, the SOW key read by the worker's
-//!   own `key_of`, no Python object made per record;
+//! - produces a gateway read's run of plain publishes in one call (publish_runs.rs
+//!   `ProducerRun`), the headers given to `rd_kafka_produceva` as C strings, the SOW key
+//!   read by the worker's own `key_of`, no Python object made per record;
 //! - takes delivery reports in a C callback into a queue of its own, with no GIL, and
 //!   hands a poll's reports of batched records to Python as one list of
 //!   `(batch number, reports, failures)`: no Python call per record;
@@ -17,21 +17,17 @@
 //!   on_delivery, timestamp, headers)` with a Python callback per record, for every other
 //!   command the gateway writes, so all of them go through one producer, in order.
 use std::ffi::{c_int, CString};
-use std::io::Write;
 use std::sync::OnceLock;
 
-use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyIterator, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::frames::valid;
-use crate::publish::{count_stale, digits};
 use crate::rdkafka_handle::{Handle, Vu, PARTITION_UA};
 use crate::rdkafka_reports::{
     batched, boxed, count_batched, number_of, numbered, Delivered, Group, Report,
 };
-use crate::staging::key_of;
 
 /// `RD_KAFKA_RESP_ERR__QUEUE_FULL`: confluent-kafka raises BufferError for it.
 const QUEUE_FULL: c_int = -184;
@@ -196,7 +192,8 @@ impl RdProducer {
 }
 
 impl RdProducer {
-    fn check_open(&self) -> PyResult<()> {
+    /// RuntimeError once closed.
+    pub(crate) fn check_open(&self) -> PyResult<()> {
         if self.handle.is_closed() {
             return Err(PyRuntimeError::new_err("the producer is closed"));
         }
@@ -281,6 +278,22 @@ impl RdProducer {
         Ok((error, message))
     }
 
+    /// Produce batched record `number` (`batch << 32 | index`, publish_runs.rs
+    /// ProducerRun), reported in its batch's group to the batches' handler; 0 or
+    /// librdkafka's refusal code.
+    pub(crate) fn produce_batched(
+        &self,
+        topic: &str,
+        value: &[u8],
+        key: Option<&[u8]>,
+        headers: &[Vu],
+        number: u64,
+    ) -> c_int {
+        let opaque = batched(number);
+        let handle = &self.handle;
+        handle.send(topic, Some(value), key, PARTITION_UA, 0, headers, opaque)
+    }
+
     /// Produce a record reported only if it fails, by `number`, to the failures'
     /// handler: no Python callback is made or kept (publish.rs DocumentPublisher, the
     /// client's publish). At most three `headers`, their names NUL-terminated. None, having
@@ -344,200 +357,6 @@ fn millis(seconds: f64) -> c_int {
     }
 }
 
-/// `LogPublisher.publish_run` when the publisher's producer is an `RdProducer`: the twin
-/// and the confluent-kafka path is `EncodedRun` (publish.rs). The common case — a routed
-/// topic, its key read from the payload by `key_of` (no key, or a top-level field), a
-/// fresh partition count — is produced here with the headers `publish_encoded` writes,
-/// reported as batched record `base | index`; anything else is handed to
-/// `publish_encoded` with `delivery(base | index)`, as EncodedRun does. A refusal by
-/// librdkafka (a full queue...) ends the run: the per-command path takes the publish.
-#[pyclass(frozen, module = "amps_on_kafka_native")]
-struct ProducerRun {
-    producer: Py<RdProducer>,
-    encoded: Py<PyAny>,
-    routes: Py<PyDict>,
-    counts: Py<PyDict>,
-    monotonic: Py<PyAny>,
-    sequences: Py<PyIterator>,
-    publisher: Vec<u8>,
-    names: [CString; 3],
-}
-
-#[pymethods]
-impl ProducerRun {
-    /// The producer, `publish_encoded`, the route table, the partition count cache and
-    /// its clock, the sequence counter, the publisher's id, and the header names of the
-    /// publisher, the sequence and the key.
-    #[new]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        producer: Py<RdProducer>,
-        encoded: Py<PyAny>,
-        routes: Py<PyDict>,
-        counts: Py<PyDict>,
-        monotonic: Py<PyAny>,
-        sequences: Py<PyIterator>,
-        publisher: Vec<u8>,
-        names: [String; 3],
-    ) -> PyResult<Self> {
-        let names = names.map(|name| CString::new(name).unwrap_or_default());
-        Ok(Self {
-            producer,
-            encoded,
-            routes,
-            counts,
-            monotonic,
-            sequences,
-            publisher,
-            names,
-        })
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for held in [
-            self.producer.as_any(),
-            self.encoded.as_any(),
-            self.routes.as_any(),
-            self.counts.as_any(),
-            self.monotonic.as_any(),
-            self.sequences.as_any(),
-        ] {
-            visit.call(held)?;
-        }
-        Ok(())
-    }
-
-    /// EncodedRun's call: produce `events[start:end]` in order, appending each one
-    /// produced to `produced`; the index of the first not produced.
-    fn __call__(
-        &self,
-        events: &Bound<'_, PyList>,
-        start: usize,
-        end: usize,
-        delivery: &Bound<'_, PyAny>,
-        base: u64,
-        produced: &Bound<'_, PyList>,
-    ) -> PyResult<usize> {
-        let py = events.py();
-        self.producer.get().check_open()?;
-        let mut fresh = Vec::new();
-        let mut position = start;
-        while position < end {
-            let event = events.get_item(position)?;
-            let number = base | produced.len() as u64;
-            let taken = match self.produced(&event, number, &mut fresh)? {
-                Some(taken) => taken,
-                None => {
-                    let event = event.cast::<PyTuple>()?;
-                    let (topic, sequence, payload) =
-                        (event.get_item(0)?, event.get_item(1)?, event.get_item(2)?);
-                    let report = delivery.call1((number,))?;
-                    let answer = self.encoded.bind(py);
-                    !answer.call1((topic, payload, sequence, report))?.is_none()
-                }
-            };
-            if !taken {
-                break;
-            }
-            produced.append(event)?;
-            position += 1;
-        }
-        Ok(position)
-    }
-}
-
-impl ProducerRun {
-    /// Some(whether produced) for the common case; None, having done nothing, for what
-    /// `publish_encoded` decides.
-    ///
-    /// `fresh` holds the route names whose partition counts this call found fresh: a
-    /// run takes microseconds, so each topic's count is checked once a run, not once a
-    /// record (the clock read and the comparisons were 1,000 instructions a record).
-    fn produced<'py>(
-        &self,
-        event: &Bound<'py, PyAny>,
-        number: u64,
-        fresh: &mut Vec<Bound<'py, PyAny>>,
-    ) -> PyResult<Option<bool>> {
-        let py = event.py();
-        let event = event.cast::<PyTuple>()?;
-        let (topic, given, payload) = (event.get_item(0)?, event.get_item(1)?, event.get_item(2)?);
-        let Some(route) = self.routes.bind(py).get_item(&topic)? else {
-            return Ok(None);
-        };
-        let Ok(route) = route.cast_into::<PyTuple>() else {
-            return Ok(None); // None: publish() takes the topic
-        };
-        let (name, extract, field) = (route.get_item(0)?, route.get_item(1)?, route.get_item(2)?);
-        if !field.is_none() && !field.is_truthy()? {
-            return Ok(None); // as EncodedRun: an empty field name is publish_encoded's
-        }
-        let bytes = payload.cast::<PyBytes>()?.as_bytes();
-        let key = if field.is_none() {
-            if !extract.is_none() || !valid(bytes) {
-                return Ok(None); // a key `extract` reads, or what orjson must judge
-            }
-            None
-        } else {
-            match key_of(bytes, field.cast::<PyString>()?.to_str()?) {
-                Some(key) => Some(key.text().into_owned()),
-                None => return Ok(None),
-            }
-        };
-        let partitions = route.get_item(3)?;
-        if partitions.is_truthy()? && !fresh.iter().any(|known| known.is(&name)) {
-            if count_stale(
-                self.counts.bind(py),
-                self.monotonic.bind(py),
-                &name,
-                &partitions,
-            )? {
-                return Ok(None);
-            }
-            fresh.push(name.clone());
-        }
-        let sequence = if given.is_none() {
-            match self.sequences.bind(py).clone().next() {
-                Some(sequence) => sequence?,
-                None => return Err(PyStopIteration::new_err(())),
-            }
-        } else {
-            given
-        };
-        let mut written = [0u8; 20];
-        let long; // `b"%d" % sequence`: on the stack for a 64-bit one
-        let sequence = match sequence.extract::<i64>() {
-            Ok(value) => {
-                let mut at = std::io::Cursor::new(&mut written[..]);
-                write!(at, "{value}").map_err(|e| PyValueError::new_err(e.to_string()))?;
-                let end = at.position() as usize;
-                &written[..end]
-            }
-            Err(_) => {
-                long = digits(&sequence)?;
-                long.cast::<PyBytes>()?.as_bytes()
-            }
-        };
-        let [publisher, numbered, keyed] = &self.names;
-        let headers = [
-            Vu::header(publisher, Some(&self.publisher)),
-            Vu::header(numbered, Some(sequence)),
-            Vu::header(keyed, key.as_deref().map(str::as_bytes)),
-        ];
-        let code = self.producer.get().handle.send(
-            name.cast::<PyString>()?.to_str()?,
-            Some(bytes),
-            key.as_deref().map(str::as_bytes),
-            PARTITION_UA,
-            0,
-            &headers[..if key.is_some() { 3 } else { 2 }],
-            batched(number),
-        );
-        Ok(Some(code == 0))
-    }
-}
-
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
-    m.add_class::<RdProducer>()?;
-    m.add_class::<ProducerRun>()
+    m.add_class::<RdProducer>()
 }

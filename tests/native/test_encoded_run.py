@@ -1,4 +1,4 @@
-"""The compiled run of a gateway read's plain publishes (native/src/publish.rs,
+"""The compiled run of a gateway read's plain publishes (native/src/publish_runs.rs,
 EncodedRun) against its twin (log/one_frame_publishers.py, LogPublisher._run_twin: a loop over
 publish_encoded), and the compiled report callbacks of its records (BatchDeliveries)
 against theirs (server/writes.py, _batch_delivery).
