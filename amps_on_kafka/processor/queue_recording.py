@@ -24,7 +24,15 @@ from amps_on_kafka.errors import PartitionsMoving, PublishError
 from amps_on_kafka.log.envelope import dead_letter_headers
 from amps_on_kafka.processor.queue_events import Pending
 from amps_on_kafka.state.queue_store import encode_events
-from amps_on_kafka.state.queue_types import REMOVE, Delivery, Outbox, QueueEntry, Status
+from amps_on_kafka.state.queue_types import (
+    ACK,
+    REMOVE,
+    Delivery,
+    Outbox,
+    QueueEntry,
+    QueueEvent,
+    Status,
+)
 
 # the runtime's log lines keep its logger name, which operators filter on
 # (docs/operations.md, Logging)
@@ -65,7 +73,11 @@ class Recording:
 
     def _count(self, box: Outbox) -> None:
         counts = self.counts
-        counts.update(event.reason for event in box.events if event.kind is REMOVE)
+        for event in box.events:  # few: the compiled applier's acks come as one run
+            if type(event) is not QueueEvent:
+                counts[ACK] += len(event)
+            elif event.kind is REMOVE:
+                counts[event.reason] += 1
         deliveries = box.deliveries
         if deliveries:
             counts["delivered"] += len(deliveries)
@@ -75,7 +87,7 @@ class Recording:
 
     def _produce(self, events, deferred: list[Delivery] | None) -> None:
         self._produced += 1
-        record = Pending(self.events_topic, encode_events(events), None, self._produced, deferred)
+        record = Pending(self.events_topic, events_record(events), None, self._produced, deferred)
         self._writer.add(record)
 
     def _dead_letter(self, entry: QueueEntry) -> None:
@@ -225,6 +237,26 @@ class Recording:
             log.warning("queue %s: committing the recovery point failed: %s", self.name, exc)
             return
         self._recovery_sent = (time.monotonic(), point)
+
+
+def events_record(events: list[Any]) -> bytes:
+    """The events record of an outbox's events (`encode_events`' bytes), a run of acks
+    the compiled applier recorded joined in place as the JSON it wrote for them."""
+    parts: list[bytes] = []
+    plain: list[QueueEvent] = []
+    for event in events:
+        if type(event) is QueueEvent:
+            plain.append(event)
+            continue
+        if plain:
+            parts.append(encode_events(plain)[1:-1])
+            plain = []
+        parts.append(event.json)
+    if not parts:
+        return encode_events(plain)
+    if plain:
+        parts.append(encode_events(plain)[1:-1])
+    return b"".join((b"[", b",".join(parts), b"]"))
 
 
 def _stands(delivery: Delivery, at_most_once: bool) -> bool:

@@ -99,7 +99,8 @@ class QueueSubscription:
 
 
 Deliver = Callable[[QueueMessage], None]
-DeliverBurst = Callable[[list[QueueMessage]], None]  # subscribe(..., burst=True)
+# subscribe(..., burst=True): (queue, the burst's deliveries, the clock's reading)
+DeliverBurst = Callable[[str, list[Delivery], int], None]
 # an ack nobody waits for: verb (ack, cancel, expire), queue, messages, session, done
 AckCommand = tuple[str, str, list[MessageId], Hashable, Done]
 
@@ -291,8 +292,11 @@ class QueueEngine:
         burst: bool = False,
     ) -> QueueSubscription:
         """Subscribe to every queue `pattern` names; messages are pushed to `deliver`,
-        one at a time, or with `burst` as a list: each burst's messages from one queue,
-        in order, in one call (the gateway's batched frames take them so).
+        one at a time, or with `burst` a burst at a time: `deliver(queue, deliveries,
+        now)`, each burst's deliveries from one queue in order, leased until
+        `lease_until` (None: a barrier) as of the clock's reading `now`, for a caller
+        that writes them into its frames itself (the gateway's batched frames: no
+        QueueMessage a message). Called under the engine lock: read them there.
 
         The backlog is the smaller of `max_backlog` (default 1) and the smallest
         MaxPerSubscriptionBacklog of the matched queues, shared across them.
@@ -404,27 +408,31 @@ class QueueEngine:
             return self.settled.wait_for(condition, timeout)
 
     def send(self, queue: str, deliveries: list[Delivery]) -> None:
-        """Hand `queue`'s deliveries to their subscribers, in order: one call a message,
-        or one a subscription that takes bursts (its messages of this call, in order)."""
-        bursts: dict[Subscription, list[QueueMessage]] = {}
-        made = messages_of(queue, deliveries, self.clock())
-        for delivery, message in zip(deliveries, made, strict=True):
+        """Hand `queue`'s deliveries to their subscribers, in order: a QueueMessage a
+        call, or a subscription that takes bursts its deliveries of this call at once."""
+        bursts: dict[Subscription, list[Delivery]] = {}
+        singles: list[Delivery] = []
+        for delivery in deliveries:
             subscription = delivery.subscription
             if subscription.burst:
                 burst = bursts.get(subscription)
                 if burst is None:
                     burst = bursts[subscription] = []
-                burst.append(message)
+                burst.append(delivery)
             else:
-                _hand(queue, subscription, message)
-        for subscription, messages in bursts.items():
-            _hand(queue, subscription, messages)
+                singles.append(delivery)
+        now = self.clock()
+        if singles:
+            for delivery, message in zip(singles, messages_of(queue, singles, now), strict=True):
+                _hand(queue, delivery.subscription, message)
+        for subscription, burst in bursts.items():
+            _hand(queue, subscription, queue, burst, now)
 
 
-def _hand(queue: str, subscription: Subscription, what: QueueMessage | list[QueueMessage]) -> None:
+def _hand(queue: str, subscription: Subscription, *what: Any) -> None:
     """A subscriber's failure is its own: the others still get theirs."""
     try:
-        subscription.deliver(what)  # type: ignore[misc]
+        subscription.deliver(*what)  # type: ignore[misc]
     except Exception:
         log.exception("queue %s: delivering to %s failed", queue, subscription.sub_id)
 

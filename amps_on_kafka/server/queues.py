@@ -30,15 +30,19 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from amps_on_kafka.errors import AmpsError, UnknownTopic
+from amps_on_kafka.native import core
 from amps_on_kafka.processor.engine import QueryResult
 from amps_on_kafka.processor.queues import (
     AckCommand,
     QueueEngine,
     QueueMessage,
     QueueSubscription,
+    _message,
 )
-from amps_on_kafka.protocol.frames import encode_frame
+from amps_on_kafka.protocol.frames import encode_frame, frame_of
 from amps_on_kafka.server.queries import DEFAULT_BATCH, Query, send_snapshot
 from amps_on_kafka.server.queue_links import QueueLinks, moving
 from amps_on_kafka.server.replies import ack, converted, wire_payload
@@ -53,7 +57,7 @@ from amps_on_kafka.server.requests import (
 )
 from amps_on_kafka.server.subscriptions import subscribe as log_subscribe
 from amps_on_kafka.server.subscriptions import subscription_id
-from amps_on_kafka.state.queue_types import AckResult
+from amps_on_kafka.state.queue_types import AckResult, Delivery, QueueEntry
 from amps_on_kafka.state.record import SowRecord
 
 if TYPE_CHECKING:
@@ -69,25 +73,28 @@ BATCH_BYTES = 1 << 20
 
 
 class DeliveryBatch:
-    """Deliveries of one burst to one batched subscription from one queue: one frame."""
+    """Deliveries of one burst to one batched subscription from one queue: one frame.
+    Each message's `recs` entry is held as its JSON (written from the delivery by
+    `write_recs`), and the header is joined around them as orjson writes the dict
+    {"c", "sub_id", "t", "recs"}."""
 
-    __slots__ = ("header", "payloads", "recs", "size")
+    __slots__ = ("head", "payloads", "recs", "size")
 
     def __init__(self, sub_id: str, queue: str) -> None:
-        self.recs: list[dict[str, Any]] = []
-        self.header = {"c": "publish", "sub_id": sub_id, "t": queue, "recs": self.recs}
+        self.recs: list[bytes] = []
+        self.head = orjson.dumps({"c": "publish", "sub_id": sub_id, "t": queue})[:-1] + b',"recs":['
         self.payloads: list[bytes] = []
         self.size = 0
 
-    def add(self, rec: dict[str, Any], payload: bytes) -> bool:
-        """Add one message; False once the batch is full (the next opens another)."""
-        rec["n"] = len(payload)
+    def add(self, rec: bytes, payload: bytes) -> bool:
+        """Add one message (its `recs` entry, `n` included); False once the batch is
+        full (the next opens another)."""
         self.recs.append(rec)
         self.payloads.append(payload)
         self.size += len(payload)
         return len(self.recs) < BATCH_RECORDS and self.size < BATCH_BYTES
 
-    def add_all(self, recs: list[dict[str, Any]], payloads: list[bytes], size: int) -> bool:
+    def add_all(self, recs: list[bytes], payloads: list[bytes], size: int) -> bool:
         """Add a whole burst (each rec with its `n`, `size` bytes of payload) when the
         batch stays open after it, as `add` would leave it one by one; else add nothing
         and return False (the caller adds one at a time, closing batches on the way)."""
@@ -99,7 +106,8 @@ class DeliveryBatch:
         return True
 
     def encode(self) -> bytes:
-        return encode_frame(self.header, b"".join(self.payloads))
+        header = b"".join((self.head, b",".join(self.recs), b"]}"))
+        return frame_of(header, b"".join(self.payloads))
 
 
 class QueueService:
@@ -170,11 +178,11 @@ class QueueService:
         self,
         sub: QueueSubscriber,
         queue: str,
-        recs: list[dict[str, Any]],
+        recs: list[bytes],
         payloads: list[bytes],
         size: int,
     ) -> None:
-        """Any thread: a burst of deliveries (recs entries with their `n`, payloads of
+        """Any thread: a burst of deliveries (recs entries as JSON, payloads of
         `size` bytes in all) to a batched subscription joins its open batch from `queue`,
         sent in order with the other frames of the burst: one lock and one wake-up for
         the burst, and one list extend while the batch stays open."""
@@ -310,33 +318,12 @@ class QueueSubscriber:
         self.handle: QueueSubscription | None = None
         self._service: QueueService = session.gateway.queues  # type: ignore[assignment]
 
-    def deliver_burst(self, messages: list[QueueMessage]) -> None:
+    def deliver_burst(self, queue: str, deliveries: list[Delivery], now: int) -> None:
         """Engine threads, under the engine lock: a batched subscription's burst of
-        messages from one queue (QueueEngine.subscribe with `burst`) to the event loop."""
-        recs: list[dict[str, Any]] = []
-        payloads: list[bytes] = []
-        size = 0
-        plain = None  # the last codec whose payloads go out as stored (None's do)
-        for message in messages:
-            codec = message.codec
-            if codec is plain:
-                payload = message.payload
-            else:
-                try:  # one message that can't be sent is its own failure, as one at a time
-                    payload = wire_payload(codec, message.payload, message)  # type: ignore[arg-type]
-                except Exception:
-                    log.exception("queue %s: delivering to %s failed", message.queue, self.sub_id)
-                    continue
-                if not converted(codec):
-                    plain = codec
-            n, lease = len(payload), message.lease_ms
-            size += n
-            if lease is None:
-                recs.append({"bm": message.bookmark, "ts": message.timestamp, "n": n})
-            else:
-                recs.append({"bm": message.bookmark, "ts": message.timestamp, "lp": lease, "n": n})
-            payloads.append(payload)
-        self._service.post_batched(self, messages[0].queue, recs, payloads, size)
+        deliveries from one queue (QueueEngine.subscribe with `burst`), leased at `now`,
+        to the event loop, as `recs` entries and payloads (`burst_records`)."""
+        recs, payloads, size = burst_records(queue, self.sub_id, deliveries, now)
+        self._service.post_batched(self, queue, recs, payloads, size)
 
     def deliver(self, message: QueueMessage) -> None:
         """Engine threads, under the engine lock: hand the message to the event loop."""
@@ -359,6 +346,87 @@ class QueueSubscriber:
             self._service.apply_acks()  # its acks count before its leases break
             if self.handle is not None:
                 self._service.engine.unsubscribe(self.handle)
+
+
+def burst_records(
+    queue: str, sub_id: str, deliveries: list[Delivery], now: int, write: WriteRecs | None = None
+) -> tuple[list[bytes], list[bytes], int]:
+    """A burst's `recs` entries (JSON), payloads and their bytes. The entries are written
+    straight from the deliveries (`write`: `write_recs` unless given) while the codec is
+    one whose payloads go out as stored; a message whose codec converts (Avro as JSON),
+    or that `write` leaves, is made here, as one at a time, and one that can't be sent
+    is its own failure (logged, left out)."""
+    write = write or write_recs
+    recs: list[bytes] = []
+    payloads: list[bytes] = []
+    at, size, count = 0, 0, len(deliveries)
+    plain = None  # the last codec whose payloads go out as stored (None's do)
+    while at < count:
+        at, size = write(deliveries, at, now, plain, recs, payloads, size)
+        if at == count:
+            break
+        delivery = deliveries[at]
+        at += 1
+        until = delivery.lease_until
+        message = _message(queue, sub_id, delivery.entry, None if until is None else until - now)
+        codec = message.codec
+        try:
+            payload = wire_payload(codec, message.payload, message)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("queue %s: delivering to %s failed", queue, sub_id)
+            continue
+        if not converted(codec):
+            plain = codec
+        recs.append(_rec(message.bookmark, message.timestamp, message.lease_ms, len(payload)))
+        payloads.append(payload)
+        size += len(payload)
+    return recs, payloads, size
+
+
+def _rec(bookmark: str, timestamp: int, lease_ms: int | None, n: int) -> bytes:
+    """A message's entry in a batched frame's `recs` (docs/protocol.md)."""
+    if lease_ms is None:
+        return orjson.dumps({"bm": bookmark, "ts": timestamp, "n": n})
+    return orjson.dumps({"bm": bookmark, "ts": timestamp, "lp": lease_ms, "n": n})
+
+
+def _write_recs_twin(
+    deliveries: list[Delivery],
+    at: int,
+    now: int,
+    plain: object,
+    recs: list[bytes],
+    payloads: list[bytes],
+    size: int,
+) -> tuple[int, int]:
+    """write_recs in Python: from `deliveries[at]` on, while a delivery's codec is None or
+    `plain` (payloads sent as stored), its `recs` entry and payload appended; (the index
+    of the first other one, or the end; `size` plus the payloads' bytes)."""
+    count = len(deliveries)
+    while at < count:
+        delivery = deliveries[at]
+        entry = delivery.entry
+        codec = entry.codec
+        if codec is not None and codec is not plain:
+            break
+        until, payload = delivery.lease_until, entry.payload
+        lease = None if until is None else until - now
+        recs.append(_rec(entry.bookmark, entry.timestamp, lease, len(payload)))
+        payloads.append(payload)
+        size += len(payload)
+        at += 1
+    return at, size
+
+
+# The compiled core writes each entry's JSON from the delivery's and entry's slots (no
+# QueueMessage, no dict: native/src/queue_messages.rs); it also stops, for the caller to
+# make that message itself, at a delivery of another shape.
+WriteRecs = Callable[
+    [list[Delivery], int, int, object, list[bytes], list[bytes], int], tuple[int, int]
+]
+write_recs: WriteRecs = (
+    core.BurstWriter(Delivery, QueueEntry).write if core is not None else _write_recs_twin
+)
 
 
 def _engine(session: Session) -> QueueEngine:

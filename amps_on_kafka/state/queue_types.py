@@ -208,6 +208,18 @@ class QueueEntry:
         return self._data
 
 
+def expanded(events: Iterable[Any]) -> list[QueueEvent]:
+    """An outbox's events one by one: a run of acks the compiled applier recorded (an
+    EventRun: native/src/queue_acks.rs) as the QueueEvents the twin makes for them."""
+    out: list[QueueEvent] = []
+    for event in events:
+        if type(event) is QueueEvent:
+            out.append(event)
+        else:
+            out.extend([QueueEvent(REMOVE, id, 0, 0, ACK) for id in event.ids])
+    return out
+
+
 @dataclass(slots=True)
 class Delivery:
     """A message to send: leased until `lease_until` (ms), or a barrier (no lease)."""
@@ -229,7 +241,8 @@ class Early:
 
 @dataclass
 class Outbox:
-    """What the caller must do after a state change."""
+    """What the caller must do after a state change. With the compiled core, `events`
+    holds runs of acks beside QueueEvents (`expanded` gives them one by one)."""
 
     deliveries: list[Delivery] = field(default_factory=list)
     events: list[QueueEvent] = field(default_factory=list)

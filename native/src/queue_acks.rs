@@ -7,17 +7,52 @@
 //! entry out of the queue, marks it dirty for the checkpoint and puts a `QueueEvent` in
 //! the outbox: about 2 us a message on the gateway thread, where acks are applied. Here
 //! the same changes are made on the same structures (the entries', dirty and leases'
-//! dicts, the slots of the entry and its holder), in the same order, and the event is the
-//! same named tuple. The call stops at the first message it does not take (absent,
-//! not leased, held by another session, objects of other classes); the twin applies that
-//! one and calls again after it, so the outbox's order is the twin's.
+//! dicts, the slots of the entry and its holder), in the same order. The events are not a
+//! named tuple an ack: they go into an `EventRun` at the outbox's end, the ids acked and
+//! the events record's JSON of their remove events as `encode_events` writes them (the
+//! recording joins it in place; `queue_types.expanded` gives the twin's QueueEvents back).
+//! An id that is not (str, int, int) of 64 bits gets the named tuple, as the twin makes
+//! it. The call stops at the first message it does not take (absent, not leased, held by
+//! another session, objects of other classes); the twin applies that one and calls again
+//! after it, so the outbox's order is the twin's.
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
-use crate::queue_messages::Layout;
+use crate::queue_messages::{exact_i64, Layout};
 use crate::records::replace;
+use crate::scans::{escape_into, push_int};
+
+/// Acks the compiled applier made, in order: their ids, and their remove events as the
+/// events record's JSON (each `[kind,topic,partition,offset,0,0,reason]`, comma-separated,
+/// no brackets). Only the applier makes one; it goes on filling the one at the outbox's
+/// end.
+#[pyclass(module = "amps_on_kafka_native")]
+struct EventRun {
+    ids: Py<PyList>,
+    json: Vec<u8>,
+}
+
+#[pymethods]
+impl EventRun {
+    /// The ids acked, in order (a copy).
+    #[getter]
+    fn ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ids = self.ids.bind(py);
+        PyList::new(py, ids.iter())
+    }
+
+    /// The events' JSON, comma-separated.
+    #[getter]
+    fn json<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.json)
+    }
+
+    fn __len__(&self, py: Python) -> usize {
+        self.ids.bind(py).len()
+    }
+}
 
 /// Applies acks of leased messages to a `QueueState`.
 #[pyclass(frozen, module = "amps_on_kafka_native")]
@@ -30,6 +65,9 @@ struct AckApplier {
     removed: Py<PyAny>,
     remove: Py<PyAny>,
     ack: Py<PyAny>,
+    /// `["<remove>",` and `,0,0,"<ack>"]`: an event's JSON around its id.
+    head: Vec<u8>,
+    tail: Vec<u8>,
 }
 
 /// What a call reads from the state once.
@@ -40,6 +78,11 @@ struct Parts<'py> {
     leases: Bound<'py, PyAny>,
     events: Bound<'py, PyList>,
     permissive: bool,
+}
+
+/// Where a call puts its events: the run at the outbox's end, if there is one.
+struct Sink<'py> {
+    run: Option<Bound<'py, EventRun>>,
 }
 
 #[pymethods]
@@ -59,7 +102,15 @@ impl AckApplier {
             .getattr(intern!(py, "__new__"))?
             .unbind();
         let (leased, removed, remove, ack) = members;
+        let mut head = b"[\"".to_vec();
+        escape_into(&mut head, remove.bind(py).cast::<PyString>()?.to_str()?);
+        head.extend_from_slice(b"\",");
+        let mut tail = b",0,0,\"".to_vec();
+        escape_into(&mut tail, ack.bind(py).cast::<PyString>()?.to_str()?);
+        tail.extend_from_slice(b"\"]");
         Ok(Self {
+            head,
+            tail,
             entry: Layout::new(entry, ["id", "status", "holder"])?,
             subscription: Layout::new(subscription, ["session", "outstanding"])?,
             event: event.clone().unbind(),
@@ -82,13 +133,17 @@ impl AckApplier {
     ) -> PyResult<(usize, usize)> {
         let py = state.py();
         let parts = self.parts(state)?;
+        let mut sink = Sink { run: None };
+        if let Ok(last) = parts.events.get_item(parts.events.len().wrapping_sub(1)) {
+            sink.run = last.cast_into::<EventRun>().ok();
+        }
         let mut at = start;
         let mut acked = 0;
         let outcome = loop {
             if at >= messages.len() {
                 break Ok(());
             }
-            match self.ack_one(&parts, &messages.get_item(at)?, session) {
+            match self.ack_one(&parts, &mut sink, &messages.get_item(at)?, session) {
                 Ok(true) => {
                     acked += 1;
                     at += 1;
@@ -124,11 +179,12 @@ impl AckApplier {
 
     /// Acks one message if it is leased by `session` (any session, permissive) and
     /// made of the classes given; false, with nothing changed, otherwise.
-    fn ack_one(
+    fn ack_one<'py>(
         &self,
-        parts: &Parts,
-        message: &Bound<PyAny>,
-        session: &Bound<PyAny>,
+        parts: &Parts<'py>,
+        sink: &mut Sink<'py>,
+        message: &Bound<'py, PyAny>,
+        session: &Bound<'py, PyAny>,
     ) -> PyResult<bool> {
         let py = message.py();
         let Some(entry) = parts.entries.get_item(message)? else {
@@ -169,13 +225,69 @@ impl AckApplier {
         }
         parts.entries.del_item(&id)?;
         parts.dirty.set_item(&id, &entry)?;
-        let fields = (self.remove.bind(py), &id, 0, 0, self.ack.bind(py));
-        let event = self
-            .tuple_new
-            .bind(py)
-            .call1((self.event.bind(py), fields))?;
-        parts.events.append(event)?;
+        self.record(parts, sink, &id)?;
         Ok(true)
+    }
+
+    /// The remove event of an ack of `id`: into the run at the outbox's end (a new one
+    /// if none), or, for an id the run can't write, a QueueEvent as the twin makes it.
+    fn record<'py>(
+        &self,
+        parts: &Parts<'py>,
+        sink: &mut Sink<'py>,
+        id: &Bound<'py, PyAny>,
+    ) -> PyResult<()> {
+        let py = id.py();
+        let mut json = Vec::with_capacity(64);
+        if self.event_json(&mut json, id).is_none() {
+            let fields = (self.remove.bind(py), id, 0, 0, self.ack.bind(py));
+            let event = self
+                .tuple_new
+                .bind(py)
+                .call1((self.event.bind(py), fields))?;
+            sink.run = None;
+            return parts.events.append(event);
+        }
+        if sink.run.is_none() {
+            let run = EventRun {
+                ids: PyList::empty(py).unbind(),
+                json: Vec::new(),
+            };
+            let run = Bound::new(py, run)?;
+            parts.events.append(&run)?;
+            sink.run = Some(run);
+        }
+        let Some(run) = &sink.run else {
+            return Ok(());
+        };
+        let mut run = run.borrow_mut();
+        run.ids.bind(py).append(id)?;
+        if !run.json.is_empty() {
+            run.json.push(b',');
+        }
+        run.json.extend_from_slice(&json);
+        Ok(())
+    }
+
+    /// `["remove","topic",partition,offset,0,0,"ack"]` for an id of an exact str and two
+    /// exact ints of 64 bits; None for another.
+    fn event_json(&self, out: &mut Vec<u8>, id: &Bound<PyAny>) -> Option<()> {
+        let id = id.cast_exact::<PyTuple>().ok()?;
+        if id.len() != 3 {
+            return None;
+        }
+        let topic = id.get_item(0).ok()?;
+        let topic = topic.cast_exact::<PyString>().ok()?.to_str().ok()?;
+        out.extend_from_slice(&self.head);
+        out.push(b'"');
+        escape_into(out, topic);
+        out.push(b'"');
+        for at in [1, 2] {
+            out.push(b',');
+            push_int(out, exact_i64(&id.get_item(at).ok()?)?);
+        }
+        out.extend_from_slice(&self.tail);
+        Some(())
     }
 }
 
@@ -188,5 +300,6 @@ fn forget(py: Python, outcome: PyResult<()>) -> PyResult<()> {
 }
 
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
-    m.add_class::<AckApplier>()
+    m.add_class::<AckApplier>()?;
+    m.add_class::<EventRun>()
 }

@@ -12,10 +12,10 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple, PyType};
 
 use crate::records::{allocate, check_layout, locate, put, read};
-use crate::scans::push_int;
+use crate::scans::{escape_into, push_int};
 
 /// The slots of QueueMessage, in the order they are written.
 const SLOTS: [&str; 10] = [
@@ -196,27 +196,137 @@ impl MessageMaker {
 /// `topic|partition|offset|` (`format_bookmark`) for an id of an exact str and two exact
 /// ints that fit 64 bits; None for anything else, which the twin formats.
 fn bookmark<'py>(id: &Bound<'py, PyAny>) -> Option<Bound<'py, PyString>> {
+    let mut text = Vec::with_capacity(48);
+    push_bookmark(&mut text, id, false)?;
+    let text = String::from_utf8(text).ok()?;
+    Some(PyString::new(id.py(), &text))
+}
+
+/// Appends the bookmark of `id` (see `bookmark`), its topic escaped as in a JSON string
+/// when `escaped`; None (with `out` partly written) for an id `bookmark` leaves.
+fn push_bookmark(out: &mut Vec<u8>, id: &Bound<PyAny>, escaped: bool) -> Option<()> {
     let id = id.cast_exact::<PyTuple>().ok()?;
     if id.len() != 3 {
         return None;
     }
     let topic = id.get_item(0).ok()?;
     let topic = topic.cast_exact::<PyString>().ok()?.to_str().ok()?;
-    let mut text = Vec::with_capacity(topic.len() + 24);
-    text.extend_from_slice(topic.as_bytes());
+    if escaped {
+        escape_into(out, topic);
+    } else {
+        out.extend_from_slice(topic.as_bytes());
+    }
     for at in [1, 2] {
-        let number = id.get_item(at).ok()?;
-        if !number.is_exact_instance_of::<PyInt>() {
+        out.push(b'|');
+        push_int(out, exact_i64(&id.get_item(at).ok()?)?);
+    }
+    out.push(b'|');
+    Some(())
+}
+
+/// The value of an exact int (not a bool) that fits 64 bits.
+pub(crate) fn exact_i64(number: &Bound<PyAny>) -> Option<i64> {
+    if !number.is_exact_instance_of::<PyInt>() {
+        return None;
+    }
+    number.extract::<i64>().ok()
+}
+
+/// Writes a batched subscription's `recs` entries (docs/protocol.md) straight from its
+/// deliveries (`amps_on_kafka/server/queues.py`, `write_recs`; its twin
+/// `_write_recs_twin`): no `QueueMessage` and no dict a message, each entry's JSON as
+/// orjson writes the twin's dict, `{"bm":..,"ts":..,"lp":..,"n":..}`.
+#[pyclass(frozen, module = "amps_on_kafka_native")]
+struct BurstWriter {
+    delivery: Layout<2>,
+    entry: Layout<4>,
+}
+
+#[pymethods]
+impl BurstWriter {
+    /// The classes Delivery and QueueEntry (each with slots and no `__dict__`).
+    #[new]
+    fn new(delivery: &Bound<PyType>, entry: &Bound<PyType>) -> PyResult<Self> {
+        Ok(Self {
+            delivery: Layout::new(delivery, ["entry", "lease_until"])?,
+            entry: Layout::new(entry, ["id", "payload", "timestamp", "codec"])?,
+        })
+    }
+
+    /// From `deliveries[at]` on, while a delivery's codec is None or `plain` (one whose
+    /// payloads go out as stored), appends its entry's JSON to `recs` and its payload to
+    /// `payloads`, leased for what is left at `now`: (the index it stopped at, `size`
+    /// plus the payloads' bytes). It also stops, where the twin would go on, at
+    /// anything not of the classes given, a payload not exactly bytes, or an id,
+    /// timestamp or lease that is not an exact int of 64 bits.
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        deliveries: &Bound<PyList>,
+        at: usize,
+        now: &Bound<PyAny>,
+        plain: &Bound<PyAny>,
+        recs: &Bound<PyList>,
+        payloads: &Bound<PyList>,
+        size: usize,
+    ) -> PyResult<(usize, usize)> {
+        let (mut at, mut size) = (at, size);
+        let Some(now) = exact_i64(now) else {
+            return Ok((at, size));
+        };
+        let mut rec = Vec::with_capacity(96);
+        while at < deliveries.len() {
+            let delivery = deliveries.get_item(at)?;
+            rec.clear();
+            let Some(payload) = self.rec(&delivery, now, plain, &mut rec) else {
+                break;
+            };
+            size += payload.as_bytes().len();
+            recs.append(PyBytes::new(deliveries.py(), &rec))?;
+            payloads.append(payload)?;
+            at += 1;
+        }
+        Ok((at, size))
+    }
+}
+
+impl BurstWriter {
+    /// Writes the delivery's entry into `out` and gives its payload; None where `write`
+    /// stops.
+    fn rec<'py>(
+        &self,
+        delivery: &Bound<'py, PyAny>,
+        now: i64,
+        plain: &Bound<PyAny>,
+        out: &mut Vec<u8>,
+    ) -> Option<Bound<'py, PyBytes>> {
+        let [entry, until] = self.delivery.read(delivery)?;
+        let [id, payload, timestamp, codec] = self.entry.read(&entry)?;
+        if !codec.is_none() && !codec.is(plain) {
             return None;
         }
-        text.push(b'|');
-        push_int(&mut text, number.extract::<i64>().ok()?);
+        let payload = payload.cast_into_exact::<PyBytes>().ok()?;
+        let lease = if until.is_none() {
+            None
+        } else {
+            Some(exact_i64(&until)?.checked_sub(now)?)
+        };
+        out.extend_from_slice(b"{\"bm\":\"");
+        push_bookmark(out, &id, true)?;
+        out.extend_from_slice(b"\",\"ts\":");
+        push_int(out, exact_i64(&timestamp)?);
+        if let Some(lease) = lease {
+            out.extend_from_slice(b",\"lp\":");
+            push_int(out, lease);
+        }
+        out.extend_from_slice(b",\"n\":");
+        push_int(out, i64::try_from(payload.as_bytes().len()).ok()?);
+        out.push(b'}');
+        Some(payload)
     }
-    text.push(b'|');
-    let text = String::from_utf8(text).ok()?;
-    Some(PyString::new(id.py(), &text))
 }
 
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
-    m.add_class::<MessageMaker>()
+    m.add_class::<MessageMaker>()?;
+    m.add_class::<BurstWriter>()
 }

@@ -22,8 +22,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.processor.queue_recording import events_record
 from amps_on_kafka.state.queue import QueueState
-from amps_on_kafka.state.queue_types import QueueEntry, QueuePolicy, Subscription
+from amps_on_kafka.state.queue_store import encode_events
+from amps_on_kafka.state.queue_types import (
+    QueueEntry,
+    QueueEvent,
+    QueuePolicy,
+    Subscription,
+    expanded,
+)
 from tests.queues.helpers import FakeClock, message
 from tests.queues.test_state_properties import FILTERS, LEASE_MS, PARTITIONS, SESSIONS, policies
 
@@ -65,7 +73,8 @@ def snapshot(state: QueueState) -> dict[str, Any]:
         "outstanding": [(s.sub_id, s.outstanding) for s in state.subscriptions],
         "barrier": state._barrier and state._barrier.id,
         "deliveries": [(name(d.subscription), d.entry.id, d.lease_until) for d in box.deliveries],
-        "events": [(type(e), tuple(e)) for e in box.events],
+        "events": [(type(e), tuple(e)) for e in expanded(box.events)],
+        "record": events_record(box.events) if box.events else None,
         "ready": [e.id for e in state._ready._in_order]
         + sorted(i[:2] for i in state._ready._others),
         "parked": sorted(len(group) for group in state._parked.values()),
@@ -224,3 +233,30 @@ def test_errors_and_other_classes_end_as_the_twins(odd: str):
     assert outcomes[0] == outcomes[1]
     expect = "cannot compare 'a'" if odd == "session" else 4
     assert outcomes[0][0] == expect or outcomes[0][0].acked == expect
+
+
+def test_acks_recorded_as_runs_make_the_twins_record():
+    """The compiled applier's acks go into one run at the outbox's end across calls (a
+    topic escaped as orjson escapes it); an id it can't write (an offset past a signed
+    64-bit int) gets the twin's QueueEvent in place and the next ack a new run: the
+    events, one by one, and the record's bytes are the twin's."""
+    topics = ['a"\\\n\u00e9', "b"]
+    offsets = [0, 1, 2**63]
+    outcomes = []
+    for cls in (QueueState, TwinState):
+        state = cls(QueuePolicy("Q", max_backlog=10), FakeClock())
+        state.subscribe(Subscription("s", "a", max_backlog=10))
+        for topic in topics:
+            for offset in offsets:
+                state.enqueue(QueueEntry((topic, 0, offset), 1, b"{}"))
+        state.dispatch()
+        state.outbox.deliveries.clear()
+        state.ack([(topics[0], 0, offset) for offset in (0, 2**63, 1)], "a")
+        state.ack([(topics[1], 0, offset) for offset in offsets[:2]], "a")
+        events = state.outbox.take().events
+        outcomes.append((expanded(events), events_record(events), [type(e) for e in events]))
+    compiled, twin = outcomes
+    assert compiled[:2] == twin[:2]
+    assert twin[1] == encode_events(twin[0]) and len(twin[0]) == 5
+    runs = [kind for kind in compiled[2] if kind is not QueueEvent]
+    assert len(runs) == 2 and compiled[2][1] is QueueEvent  # run, event, run

@@ -23,6 +23,7 @@ from amps_on_kafka.state.queue_types import (
     QueueEvent,
     QueuePolicy,
     Subscription,
+    expanded,
 )
 
 TOPIC = "orders"
@@ -98,7 +99,8 @@ def to(deliveries: list[Delivery]) -> list[tuple[str, int]]:
 
 
 def events_of(state: QueueState) -> list[QueueEvent]:
-    return state.outbox.take().events
+    """The outbox's events one by one (a compiled run of acks as its QueueEvents)."""
+    return expanded(state.outbox.take().events)
 
 
 def eventually(

@@ -26,7 +26,7 @@ from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor import queue_runtime
 from amps_on_kafka.processor.queue_recovery import GROUP_PREFIX
 from amps_on_kafka.processor.queue_runtime import events_topic
-from amps_on_kafka.processor.queues import QueueEngine
+from amps_on_kafka.processor.queues import QueueEngine, messages_of
 from amps_on_kafka.state.queue_store import encode_events
 from amps_on_kafka.state.queue_types import EventKind
 from tests.conftest import create_topic, delete_topics
@@ -66,8 +66,9 @@ def test_subscription_is_pushed_messages_with_bookmark_and_lease_period_up_to_it
 def test_a_burst_subscription_gets_each_burst_as_one_list_in_order(
     queue_config, engines, publisher
 ):
-    """subscribe(burst=True): the messages one ack frees come in one call, in delivery
-    order, beside a subscription that still gets them one at a time."""
+    """subscribe(burst=True): the deliveries one ack frees come in one call, in delivery
+    order, with the clock's reading they are leased from, beside a subscription that
+    still gets its messages one at a time."""
     config = queue_config(LeasePeriod="30s")
     queue = config.queues[0].name
     engine = engines(config)
@@ -75,8 +76,10 @@ def test_a_burst_subscription_gets_each_burst_as_one_list_in_order(
     burst = Inbox()
     single = Inbox()
 
-    def by_burst(messages: list) -> None:
-        calls.append(list(messages))
+    def by_burst(name: str, deliveries: list, now: int) -> None:
+        assert name == queue and all(d.subscription.sub_id == "b" for d in deliveries)
+        messages = messages_of(name, deliveries, now)  # under the lock, as the gateway
+        calls.append(messages)
         for message in messages:
             burst(message)
 

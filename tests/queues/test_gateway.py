@@ -18,9 +18,8 @@ from amps_on_kafka.errors import MessageError, PublishError, ServerError
 from amps_on_kafka.log.codecs import JSON
 from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.queue_runtime import events_topic
-from amps_on_kafka.processor.queues import QueueMessage
 from amps_on_kafka.processor.worker import Worker
-from amps_on_kafka.protocol.frames import FrameDecoder
+from amps_on_kafka.protocol.frames import FrameDecoder, encode_frame
 from amps_on_kafka.server.queues import (
     BATCH_BYTES,
     BATCH_RECORDS,
@@ -28,6 +27,7 @@ from amps_on_kafka.server.queues import (
     QueueService,
     QueueSubscriber,
 )
+from amps_on_kafka.state.queue_types import Delivery, QueueEntry, Subscription
 from tests.conftest import create_topic, delete_topics
 from tests.queues.helpers import event_records, eventually, stall, take
 from tests.server.helpers import Wire
@@ -259,27 +259,46 @@ def test_option_batch_delivers_a_burst_as_frames_of_records(serve, clients, queu
 
 def test_a_delivery_batch_closes_at_its_bounds_and_encodes_as_one_frame():
     batch = DeliveryBatch("s", "q")
-    assert all(batch.add({"bm": f"q|0|{n}|"}, b"{}") for n in range(BATCH_RECORDS - 1))
-    assert not batch.add({"bm": "q|0|last|"}, b"{}")  # full by count
+    rec = orjson.dumps({"bm": "q|0|1|", "n": 2})
+    assert all(batch.add(rec, b"{}") for n in range(BATCH_RECORDS - 1))
+    assert not batch.add(rec, b"{}")  # full by count
     [frame] = FrameDecoder(1 << 30).feed(batch.encode())
-    assert len(frame.header["recs"]) == BATCH_RECORDS
+    assert (frame.header["c"], frame.header["sub_id"], frame.header["t"]) == ("publish", "s", "q")
+    assert frame.header["recs"] == [{"bm": "q|0|1|", "n": 2}] * BATCH_RECORDS
     assert len(frame.payload) == 2 * BATCH_RECORDS
     big = DeliveryBatch("s", "q")
-    assert not big.add({"bm": "q|0|0|"}, b"x" * BATCH_BYTES)  # full by bytes
+    assert not big.add(rec, b"x" * BATCH_BYTES)  # full by bytes
 
 
-def burst_sent(burst: list[QueueMessage]) -> tuple[object, object, DeliveryBatch]:
-    """deliver_burst of a batched subscription (of a service with no engine behind it):
-    the subscription's session, where the outbox's one frame goes, and that frame."""
+def test_a_delivery_batch_header_is_the_dict_orjson_writes():
+    """The batch joins its header around the entries' JSON: the bytes orjson writes for
+    the header as a dict, for a name that needs escaping and for an empty batch too."""
+    for recs in ([], [{"bm": "q|0|1|", "ts": 5, "n": 0}], [{"n": 1}, {"n": 2}]):
+        batch = DeliveryBatch('s"\\1', "q\n")
+        for rec in recs:
+            batch.add(orjson.dumps(rec), b"")
+        header = {"c": "publish", "sub_id": 's"\\1', "t": "q\n", "recs": recs}
+        assert batch.encode() == encode_frame(header, b"")
+
+
+def burst_sent(burst: list[Delivery]) -> tuple[object, object, list[dict], list[bytes]]:
+    """deliver_burst of a batched subscription (of a service with no engine behind it),
+    leased at 1000: the subscription's session, where the outbox's one frame goes, and
+    that frame's `recs` and payloads, decoded from the frame sent."""
     loop = asyncio.new_event_loop()
     try:
         engine = SimpleNamespace(on_ownership=lambda listener: None)
         service = QueueService(engine, loop)  # type: ignore[arg-type]
         session = SimpleNamespace(gateway=SimpleNamespace(queues=service))
         sub = QueueSubscriber(session, "s1", batched=True)  # type: ignore[arg-type]
-        sub.deliver_burst(burst)
+        sub.deliver_burst("q", burst, 1000)
         [(to, batch)] = list(service._outbox)
-        return session, to, batch  # type: ignore[return-value]
+        [frame] = FrameDecoder(1 << 30).feed(batch.encode())
+        payloads, at = [], 0
+        for rec in frame.header["recs"]:
+            payloads.append(frame.payload[at : at + rec["n"]])
+            at += rec["n"]
+        return session, to, frame.header["recs"], payloads
     finally:
         loop.close()
 
@@ -294,14 +313,11 @@ def test_a_burst_message_that_cannot_be_sent_fails_alone(caplog):
         def decode(self, payload: bytes) -> object:
             raise ValueError("not avro")
 
-    burst = [
-        QueueMessage("q", "s1", ("q", 0, n), f"q|0|{n}|", b"{}", 1, 500, None, None)
-        for n in range(3)
-    ]
-    burst[1].codec = Broken()  # type: ignore[assignment]
-    session, to, batch = burst_sent(burst)
+    burst = [leased(n, b"{}", None) for n in range(3)]
+    burst[1].entry.codec = Broken()  # type: ignore[assignment]
+    session, to, recs, _ = burst_sent(burst)
     assert to is session
-    assert [rec["bm"] for rec in batch.recs] == ["q|0|0|", "q|0|2|"]
+    assert recs == [{"bm": f"q|0|{n}|", "ts": 1, "lp": 500, "n": 2} for n in (0, 2)]
     assert "delivering to s1 failed" in caplog.text
 
 
@@ -318,16 +334,22 @@ def test_a_burst_of_mixed_codecs_sends_each_payload_as_its_codec_makes_it():
 
     avro = Avro()
     codecs = [None, JSON, JSON, avro, avro, JSON, None, avro]
-    burst = [
-        QueueMessage("q", "s1", ("q", 0, n), f"q|0|{n}|", b"[%d]" % n, 1, 500, codec, None)
-        for n, codec in enumerate(codecs)
-    ]
-    _, _, batch = burst_sent(burst)
+    burst = [leased(n, b"[%d]" % n, codec) for n, codec in enumerate(codecs)]
+    burst[6].lease_until = None  # a barrier: no lease
+    _, _, recs, payloads = burst_sent(burst)
     expected = [
         b'{"was":"[%d]"}' % n if codec is avro else b"[%d]" % n for n, codec in enumerate(codecs)
     ]
-    assert batch.payloads == expected
-    assert [rec["n"] for rec in batch.recs] == [len(p) for p in expected]
+    assert payloads == expected
+    assert [rec["n"] for rec in recs] == [len(p) for p in expected]
+    assert [rec.get("lp") for rec in recs] == [500] * 6 + [None, 500]
+    assert [rec["bm"] for rec in recs] == [f"q|0|{n}|" for n in range(len(codecs))]
+
+
+def leased(offset: int, payload: bytes, codec: object) -> Delivery:
+    """A delivery of message ("q", 0, offset) leased until 1500 (500 ms left at 1000)."""
+    entry = QueueEntry(("q", 0, offset), 1, payload, codec)  # type: ignore[arg-type]
+    return Delivery(Subscription("s1", "a", burst=True), entry, 1500)
 
 
 def test_a_client_reads_batched_deliveries_as_messages(serve, clients, queue_config):

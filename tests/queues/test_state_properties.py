@@ -33,6 +33,7 @@ from amps_on_kafka.state.queue_types import (
     QueuePolicy,
     Status,
     Subscription,
+    expanded,
 )
 from amps_on_kafka.state.ready_queue import ReadyQueue
 from tests.queues.helpers import FakeClock, message
@@ -159,10 +160,11 @@ class QueueMachine(RuleBasedStateMachine):
             assert delivery.entry.id not in self.removed, "a removed message was delivered"
             if delivery.lease_until is not None:  # not a barrier, which ignores backlogs
                 self.check_nothing_earlier_was_passed_over(delivery, available)
-        for event in box.events:
+        events = expanded(box.events)  # a compiled run of acks as its QueueEvents
+        for event in events:
             if event.kind is EventKind.REMOVE:
                 self.removed.add(event.id)
-        self.log.extend(box.events)
+        self.log.extend(events)
         self.state.ev_next = len(self.log)
 
     @staticmethod

@@ -17,6 +17,7 @@ from amps_on_kafka.state.queue_types import (
     Status,
     Subscription,
     effective_backlog,
+    expanded,
 )
 from tests.queues.helpers import (
     FakeClock,
@@ -378,7 +379,7 @@ def test_cancel_returns_the_message_and_counts_toward_MaxCancels():
     state.cancel([first], "a")  # the third cancel is greater than MaxCancels
     assert first not in state.entries
     box = state.outbox.take()
-    assert box.events[-1].reason is Reason.EXPIRE
+    assert expanded(box.events)[-1].reason is Reason.EXPIRE
     assert [e.id for e in box.dead_letters] == [first]
 
 
