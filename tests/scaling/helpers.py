@@ -93,12 +93,18 @@ def announced(bootstrap: str, group: str, found: Callable[[Directory], R | None]
 
 def publish(address: str, queue: str, numbers: Iterable[int]) -> None:
     """Publish {"n": n} to `queue` through the gateway at `address`, and flush."""
+    publish_all(address, queue, ({"n": n} for n in numbers))
+
+
+def publish_all(address: str, topic: str, documents: Iterable[dict[str, Any]]) -> None:
+    """Publish `documents` to `topic` through `address` (a client URI: a gateway's, or
+    kafka:// to write the log directly), and wait until Kafka has them all."""
     with Client(f"publisher-{uuid.uuid4().hex[:6]}") as client:
         client.connect(address)
         client.logon(10)
-        for n in numbers:
-            client.publish(queue, {"n": n})
-        client.publish_flush()
+        for document in documents:
+            client.publish(topic, document)
+        client.publish_flush(DEADLINE)
 
 
 def retried(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

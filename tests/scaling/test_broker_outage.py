@@ -16,7 +16,6 @@ taken for a whole one. Afterwards:
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
@@ -24,20 +23,15 @@ from amps_on_kafka.client import Client
 from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.log.registry import TopicSpec
 from tests.conftest import create_topic
-from tests.scaling.helpers import DEADLINE, Consumer, owner_of, session_timeout
+from tests.scaling.helpers import DEADLINE, Consumer, owner_of, publish_all, session_timeout
 from tests.scaling.test_workers import KEYS, PARTITIONS, fold_of_log, settled, sow_of
-from tests.scaling.workers import WorkerProcess, write_config
+from tests.scaling.workers import WorkerProcess, start_all, write_config
 
 OUTAGE = 8.0  # seconds down: past the workers' session timeout (2 s here)
 
 
 def publish_round(bootstrap: str, topic: str, value: int) -> None:
-    with Client(f"publisher-{uuid.uuid4().hex[:6]}") as client:
-        client.connect(f"kafka://{bootstrap}")
-        client.logon()
-        for key in range(KEYS):
-            client.publish(topic, {"id": key, "v": value})
-        client.publish_flush(30)
+    publish_all(f"kafka://{bootstrap}", topic, ({"id": key, "v": value} for key in range(KEYS)))
 
 
 def outage_answers(workers: list[WorkerProcess], topic: str, seconds: float) -> list[str]:
@@ -67,10 +61,7 @@ def test_two_workers_outlive_a_broker_outage(private_broker, tmp_path):
     workers = [WorkerProcess(f"w{i}", config, bootstrap, "outage", tmp_path) for i in range(2)]
     consumer = None
     try:
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.wait_ready()
+        start_all(workers)
         publish_round(bootstrap, topic, 0)
         for worker in workers:
             settled(worker.address, topic)  # type: ignore[arg-type]

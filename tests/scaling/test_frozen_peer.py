@@ -20,8 +20,8 @@ import pytest
 from amps_on_kafka.client import Client
 from amps_on_kafka.errors import AmpsError
 from tests.polling import until
-from tests.scaling.helpers import DEADLINE, partition_owners, session_timeout
-from tests.scaling.workers import WorkerProcess, write_config
+from tests.scaling.helpers import DEADLINE, partition_owners, publish_all, session_timeout
+from tests.scaling.workers import WorkerProcess, start_all, write_config
 
 KEYS = 20
 PARTITIONS = 2
@@ -44,16 +44,8 @@ def test_a_query_does_not_wait_on_a_frozen_peer_whose_partitions_moved(
     group = f"frozen-{uuid.uuid4().hex[:8]}"
     workers = [WorkerProcess(f"w{i}", config, bootstrap, group, tmp_path) for i in range(2)]
     try:
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.wait_ready()
-        with Client("seed") as client:
-            client.connect(f"kafka://{bootstrap}")
-            client.logon()
-            for key in range(KEYS):
-                client.publish(topic, {"id": key})
-            client.publish_flush()
+        start_all(workers)
+        publish_all(f"kafka://{bootstrap}", topic, ({"id": key} for key in range(KEYS)))
         owners = partition_owners(bootstrap, group, topic, PARTITIONS)
         assert sorted(owners.values()) == ["w0", "w1"]  # the query needs the frozen one
         frozen, asked = workers

@@ -32,7 +32,7 @@ from tests.scaling.helpers import (
     queue_config,
     retried,
 )
-from tests.scaling.workers import WorkerProcess
+from tests.scaling.workers import WorkerProcess, start_all
 
 BEFORE = 3  # published before the freeze: taken by the owner's client, one acked
 DURING = 6  # published while the owner is frozen
@@ -55,10 +55,7 @@ def test_a_frozen_owner_resumes_fenced_and_neither_delivers_nor_takes_acks(
     direct = Client(f"direct-{uuid.uuid4().hex[:6]}")
     consumer = Consumer(queue, workers)
     try:
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.wait_ready()
+        start_all(workers)
         first = next(w for w in workers if w.name == owner_of(bootstrap, group, queue))
         other = next(w for w in workers if w is not first)
         publish(other.address, queue, range(BEFORE))

@@ -29,7 +29,7 @@ from tests.scaling.helpers import (
     queue_config,
     retried,
 )
-from tests.scaling.workers import WorkerProcess
+from tests.scaling.workers import WorkerProcess, start_all
 
 MESSAGES = 40
 ACKED_BEFORE = 15  # acked (durably) before the owner dies
@@ -48,10 +48,7 @@ def test_a_queue_fails_over_to_another_worker_losing_nothing_and_redelivering_no
     }
     consumer = Consumer(queue, list(workers.values()))
     try:
-        for worker in workers.values():
-            worker.start()
-        for worker in workers.values():
-            worker.wait_ready()
+        start_all(workers.values())
         first = workers[owner_of(bootstrap, group, queue)]
         via = next(w for w in workers.values() if w is not first)
         publish(via.address, queue, range(MESSAGES))

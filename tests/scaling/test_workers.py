@@ -34,8 +34,8 @@ from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.log.kafka import end_offsets, reader
 from amps_on_kafka.processor.queue_runtime import events_topic
 from tests.conftest import delete_topics
-from tests.scaling.helpers import DEADLINE, Consumer, owner_of, session_timeout
-from tests.scaling.workers import WorkerProcess, write_config
+from tests.scaling.helpers import DEADLINE, Consumer, owner_of, publish_all, session_timeout
+from tests.scaling.workers import WorkerProcess, start_all, write_config
 
 KEYS = 120
 PARTITIONS = 4
@@ -190,16 +190,8 @@ def test_three_workers_answer_for_the_whole_topic_through_kills(bootstrap, topic
     queries = Queries(workers, topic)
     consumer = Consumer(queue, workers)
     try:
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.wait_ready()
-        with Client("seed") as client:
-            client.connect(f"kafka://{bootstrap}")
-            client.logon()
-            for key in range(KEYS):
-                client.publish(topic, {"id": key, "v": 0})
-            client.publish_flush(30)
+        start_all(workers)
+        publish_all(f"kafka://{bootstrap}", topic, ({"id": key, "v": 0} for key in range(KEYS)))
         for worker in workers:
             settled(worker.address, topic)  # type: ignore[arg-type]
         victims, survivor = roles(workers, owner_of(bootstrap, group, queue))

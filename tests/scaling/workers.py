@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
@@ -38,6 +39,16 @@ def write_config(
         config["Queues"] = [{"Name": queue, "LeasePeriod": "60s"}]
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def start_all(workers: Iterable[WorkerProcess]) -> None:
+    """Start every worker, then wait until each serves: they start side by side, not
+    each after the last is ready."""
+    workers = list(workers)
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.wait_ready()
 
 
 class WorkerProcess:
