@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import orjson
 import pytest
@@ -202,13 +204,7 @@ def test_the_gateway_publishes_over_sasl_ssl_through_either_producer(secured_kaf
                     client.publish(topic, {"id": i, "native": native})
                 client.publish_flush(30)
 
-    compiled = core is not None and hasattr(core, "RdProducer")
-    publish(compiled)
-    monkeypatch.setattr(gateway_module, "native_producer", lambda *args: None)
-    publish(False)
-    with Replay(secured_kafka.bootstrap, topic, "0", max_idle=1.0) as replay:
-        read = sorted((m.data["native"], m.data["id"]) for m in replay if m is not COMPLETED)
-    assert read == sorted([(False, i) for i in range(3)] + [(compiled, i) for i in range(3)])
+    published_through_either(secured_kafka.bootstrap, topic, publish, gateway_module, monkeypatch)
 
 
 def test_a_kafka_client_publishes_over_sasl_ssl_through_either_producer(secured_kafka, monkeypatch):
@@ -228,11 +224,26 @@ def test_a_kafka_client_publishes_over_sasl_ssl_through_either_producer(secured_
             producer = client._transport.publisher._producer
             assert isinstance(producer, native_producer_module.CompiledProducer) is native
 
+    published_through_either(
+        secured_kafka.bootstrap, topic, publish, native_producer_module, monkeypatch
+    )
+
+
+def published_through_either(
+    bootstrap: str,
+    topic: str,
+    publish: Callable[[bool], None],
+    module: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`publish(native)` writes ids 0-2 with `native` in each: through the compiled
+    producer where there is one, then through confluent-kafka's (`module.native_producer`
+    patched to None). The log must hold both runs' records alike."""
     compiled = core is not None and hasattr(core, "RdProducer")
     publish(compiled)
-    monkeypatch.setattr(native_producer_module, "native_producer", lambda *args: None)
+    monkeypatch.setattr(module, "native_producer", lambda *args: None)
     publish(False)
-    with Replay(secured_kafka.bootstrap, topic, "0", max_idle=1.0) as replay:
+    with Replay(bootstrap, topic, "0", max_idle=1.0) as replay:
         read = sorted((m.data["native"], m.data["id"]) for m in replay if m is not COMPLETED)
     assert read == sorted([(False, i) for i in range(3)] + [(compiled, i) for i in range(3)])
 
