@@ -210,13 +210,10 @@ def test_a_filter_error_does_not_show_the_entitlement_filter(target: Target) -> 
 
 def test_a_client_name_with_a_line_break_is_refused(target: Target) -> None:
     """It went into audit lines as it was: a name could add lines to the audit trail."""
-    wire = Wire(target.address)
-    try:
+    with Wire(target.address) as wire:
         header = {"c": "logon", "cid": "l", "user_id": "erin", "pw": PASSWORD}
         reply = wire.request({**header, "client_name": "app\nWARNING denied nothing"}).header
         assert reply["reason"].endswith("must be printable: no line breaks")
-    finally:
-        wire.close()
 
 
 # -- guessing passwords: the throttle (qa14) ------------------------------------------

@@ -24,6 +24,7 @@ from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.security.policy import PeerAccess
 from amps_on_kafka.security.users import PEER_USER
 from amps_on_kafka.server.peers import PeerLink
+from tests.client_tcp.test_reader_baton import callers_beside_a_flood
 from tests.polling import until
 from tests.security.gateway_fixtures import (
     FAILURE_DELAY,
@@ -74,27 +75,21 @@ def test_a_gateway_certificate_from_an_unknown_ca_is_refused(secured: Secured) -
 
 
 def test_every_command_before_a_logon_is_refused(secured: Secured) -> None:
-    wire = secured.wire()
-    try:
+    with secured.wire() as wire:
         for number, template in enumerate(PRIVILEGED):
             reply = wire.request(_command(template, secured, str(number)))
             assert "log on first" in _failure(reply)
-    finally:
-        wire.close()
 
 
 def test_a_logon_without_credentials_is_refused_and_audited(
     secured: Secured, caplog: pytest.LogCaptureFixture
 ) -> None:
-    wire = secured.wire()
-    try:
+    with secured.wire() as wire:
         with caplog.at_level(logging.WARNING, logger="amps_on_kafka.audit"):
             reply = wire.request({"c": "logon", "cid": "1", "client_name": "nobody"})
         assert "authentication required" in _failure(reply)
         assert any("logon failed" in r.getMessage() for r in caplog.records)
         assert "log on first" in _failure(wire.request(_command(PRIVILEGED[0], secured, "2")))
-    finally:
-        wire.close()
 
 
 def test_wrong_passwords_are_refused_alike_and_slowed_down(
@@ -125,20 +120,14 @@ def test_wrong_passwords_are_refused_alike_and_slowed_down(
 def test_a_client_certificate_is_an_identity_and_a_foreign_one_is_refused(
     secured: Secured, caplog: pytest.LogCaptureFixture
 ) -> None:
-    wire = secured.wire(cert="carol")
-    try:
+    with secured.wire(cert="carol") as wire:
         assert (
             wire.request({"c": "logon", "cid": "1", "client_name": "c1"}).header["user_id"]
             == "carol"
         )
-    finally:
-        wire.close()
-    wire = secured.wire(cert="carol")
-    try:
+    with secured.wire(cert="carol") as wire:
         reply = wire.logon_as("alice", "c2")  # a certificate's holder can't claim another
         assert "not the client certificate's subject" in _failure(reply)
-    finally:
-        wire.close()
     with pytest.raises(OSError):  # signed by a CA the gateway does not trust
         secured.wire(cert="mallory").logon_as("carol", "m")
     refused = "the gateway did not accept the client certificate .*mallory.pem"
@@ -168,12 +157,9 @@ def test_a_gateway_requiring_client_certificates_admits_only_their_holders(
         with pytest.raises(TransportError, match=wanted), Client("no-cert") as client:
             client.connect(uri)
             client.logon(timeout=5)
-        wire = TlsWire(address, secured.certs, "carol")
-        try:
+        with TlsWire(address, secured.certs, "carol") as wire:
             logon = wire.request({"c": "logon", "cid": "1", "client_name": "required"})
             assert logon.header["user_id"] == "carol"
-        finally:
-            wire.close()
 
 
 def test_a_connection_that_never_ends_its_tls_handshake_is_closed_and_audited(
@@ -212,12 +198,9 @@ def test_tls_handshakes_in_progress_count_against_max_connections(
         for sock in silent:
             sock.close()
         until(lambda: gateway._handshakes == 0, "the handshakes let go", WAIT, 0.01)
-        wire = TlsWire(address, secured.certs, "carol")
-        try:
+        with TlsWire(address, secured.certs, "carol") as wire:
             logon = wire.request({"c": "logon", "cid": "1", "client_name": "after-the-flood"})
             assert logon.header["status"] == "success"
-        finally:
-            wire.close()
 
 
 def test_a_client_name_is_taken_over_only_by_its_own_user(secured: Secured) -> None:
@@ -329,6 +312,17 @@ def test_a_live_subscription_delivers_only_entitled_records(secured: Secured) ->
             assert first is not None and first.data["desk"] == "fx"
 
 
+def test_callers_and_a_subscription_flood_share_one_tls_connection(secured: Secured) -> None:
+    """The reader baton over TLS (client/tcp_reader.py): callers read their own replies
+    through the connection's TLS state while its subscription takes a flood."""
+    suffix = uuid.uuid4().hex[:6]
+    with Client(f"carol-callers-{suffix}") as client, Client(f"carol-flood-{suffix}") as flooder:
+        for each in (client, flooder):
+            each.connect(secured.uri(cert="carol"))
+            each.logon(timeout=10)
+        callers_beside_a_flood(client, flooder, secured.orders)
+
+
 def test_a_replay_shows_only_entitled_records(secured: Secured) -> None:
     marker = uuid.uuid4().hex[:6]
     with Client("carol-replay") as carol:
@@ -337,8 +331,7 @@ def test_a_replay_shows_only_entitled_records(secured: Secured) -> None:
         for desk in ("rates", "fx"):
             carol.publish(secured.orders, {"id": f"r-{marker}-{desk}", "desk": desk})
         carol.publish_flush(10)
-    wire = secured.wire()
-    try:
+    with secured.wire() as wire:
         wire.logon_as("alice", "alice-replay", PASSWORDS["alice"])
         wire.send(
             {
@@ -354,16 +347,13 @@ def test_a_replay_shows_only_entitled_records(secured: Secured) -> None:
         frames = wire.until(lambda f: is_ack(f, "completed"))
         desks = [orjson.loads(f.payload)["desk"] for f in frames if f.header["c"] == "publish"]
         assert desks == ["fx"]
-    finally:
-        wire.close()
 
 
 def test_a_record_leaving_the_entitled_set_is_an_oof_with_reason_entitlement(
     secured: Secured,
 ) -> None:
     record_id = f"o-{uuid.uuid4().hex[:6]}"
-    wire = secured.wire()
-    try:
+    with secured.wire() as wire:
         wire.logon_as("alice", "alice-oof", PASSWORDS["alice"])
         wire.request(
             {
@@ -388,8 +378,6 @@ def test_a_record_leaving_the_entitled_set_is_an_oof_with_reason_entitlement(
         oof = wire.until(lambda f: f.header.get("c") in ("oof", "publish"))[-1]
         assert oof.header["c"] == "oof" and oof.header["reason"] == "entitlement"
         assert orjson.loads(oof.payload)["qty"] == 1  # the record she saw, not the new one
-    finally:
-        wire.close()
 
 
 def test_gateways_of_a_group_log_on_to_each_other_with_their_secret(secured: Secured) -> None:

@@ -67,6 +67,12 @@ class Wire:
     def close(self) -> None:
         self.sock.close()
 
+    def __enter__(self) -> Wire:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def is_ack(frame: Frame, ack_type: str) -> bool:
     return frame.header.get("c") == "ack" and frame.header.get("a") == ack_type

@@ -45,13 +45,12 @@ def flushed(wire: Wire, cid: str) -> list[dict]:
 def logged_on(bootstrap: str, name: str, settings: GatewayConfig) -> Iterator[tuple[Gateway, Wire]]:
     """A gateway with these settings over an empty engine, and a connection logged on."""
     engine = SowEngine(Config(), {}, now_ms)
-    with Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway:
-        wire = Wire(gateway.address)
-        try:
-            wire.logon(name)
-            yield gateway, wire
-        finally:
-            wire.close()
+    with (
+        Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway,
+        Wire(gateway.address) as wire,
+    ):
+        wire.logon(name)
+        yield gateway, wire
 
 
 def test_a_batch_answers_each_record_kafka_failed_for_its_own_command(bootstrap, topic_factory):
@@ -75,16 +74,13 @@ def test_a_frame_the_batch_cannot_take_gets_its_own_error_and_the_rest_go(
     bare_gateway, bootstrap, topic_factory
 ):
     topic = topic_factory(1, key=("/id",))
-    wire = Wire(bare_gateway.address)
-    try:
+    with Wire(bare_gateway.address) as wire:
         wire.logon("batch-errors")
         wire.send_raw(publishes({1: topic}))
         assert flushed(wire, "known") == []
         bad = {3: b'{"id": 3', 5: b'{"qty": 5}'}  # not JSON; no value for the key
         wire.send_raw(publishes({s: topic for s in range(2, 8)}, bad))
         failures = flushed(wire, "after")
-    finally:
-        wire.close()
     assert [(f["s"], f["a"], f["status"]) for f in failures] == [
         (3, "processed", "failure"),
         (5, "processed", "failure"),

@@ -138,16 +138,13 @@ def test_the_gateway_and_the_tcp_client_refuse_an_expiration_no_record_can_hold(
     topic = topic_factory(1, key=("/id",))
     with Gateway(SowEngine(Config(), {}, now_ms), bootstrap, listen="127.0.0.1:0") as gateway:
         address = gateway.address
-        wire = Wire(address)
-        try:
+        with Wire(address) as wire:
             wire.logon()
             for number, value in enumerate((1e308, 1e17, -1)):
                 header = {"c": "publish", "cid": str(number), "t": topic, "e": value}
                 reply = wire.request(header, b'{"id": 1}')
                 assert reply.header["status"] == "failure"
                 assert "expiration must be" in reply.header["reason"]
-        finally:
-            wire.close()
         with Client(f"tcp-{uuid.uuid4().hex[:6]}") as client:
             client.connect(f"tcp://{address}/amps/json")
             client.logon()
