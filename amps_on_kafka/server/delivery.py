@@ -42,7 +42,7 @@ DRAIN_SLICE = 500  # delivery outcomes handled per turn of the event loop
 TRIM_AFTER_BYTES = 8 * 1024 * 1024  # see PublishBudget
 TRIM_AFTER_COMMANDS = 2_000
 # Batch numbers wrap at 31 bits: a compiled record's report carries its number as
-# (batch << 32 | index) << 1 | 1 in 64 bits (native/src/rdkafka_producer.rs), and a
+# (batch << 32 | index) << 1 | 1 in 64 bits (native/src/rdkafka_reports.rs), and a
 # gateway writing one-publish reads passes 2^31 batches in a day or two. Kafka reports
 # every record within PublishTimeout, long before its batch's number comes round again.
 BATCH_NUMBERS = 1 << 31
