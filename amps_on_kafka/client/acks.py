@@ -38,7 +38,10 @@ class AckBatcher:
         self._first = 0.0  # when the batch waiting now began
         self._closed = False
         self._idle = False  # the timer thread sleeps until a batch starts
-        self._changed = threading.Condition(threading.Lock())
+        # `add` takes the lock itself (a C call), not through the Condition's Python
+        # __enter__ and __exit__: an ack a message, by the thousand
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     def configure(self, batch_size: int | None = None, timeout: float | None = None) -> None:
@@ -53,12 +56,14 @@ class AckBatcher:
 
     def add(self, topic: str, bookmark: str, option: str | None = None) -> None:
         """Queue one acknowledgement: none (processed), "cancel" or "expire"."""
-        check_ack_option(option)
-        with self._changed:
+        if option is not None:
+            check_ack_option(option)
+        with self._lock:
             self._pending.setdefault((topic, option), []).append(bookmark)
             self._count += 1
             if self._count < self.batch_size:
-                self._start_timer()
+                if self._count == 1:  # the first of a batch: the timer sends it in time
+                    self._start_timer()
                 return
             batches = self._take()
         self._send_all(batches)
@@ -89,12 +94,11 @@ class AckBatcher:
             self._send(header)
 
     def _start_timer(self) -> None:
-        """Under the lock: the timer thread sends a partial batch `timeout` after its first.
+        """Under the lock, at a batch's first ack: the timer thread sends a partial batch
+        `timeout` after its first.
 
         The thread is woken only from an idle sleep. While acks keep coming it stays
         awake, looking every `timeout`, which costs less than a wake-up per batch."""
-        if self._count != 1:
-            return  # the timer already runs for this batch
         self._first = time.monotonic()
         if self._thread is None:
             self._thread = threading.Thread(target=self._timer, name="amps-acks", daemon=True)
