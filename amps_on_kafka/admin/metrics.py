@@ -134,6 +134,7 @@ def _gateway(gateway: dict[str, Any]) -> Iterator[Metric]:
         ("connections", "Connections accepted"),
         ("refused", "Connections refused beyond MaxConnections"),
         ("slow_consumers", "Connections dropped as slow consumers (Max{Queued,Buffered}Bytes)"),
+        ("producer_replacements", "Shared Kafka producers replaced after a fatal error"),
         ("frames_in", "Frames received"),
         ("frames_out", "Frames sent"),
         ("bytes_in", "Bytes received"),

@@ -199,6 +199,7 @@ def _gateway_parts(gateway: Gateway) -> dict[str, Any]:
             "connections": stats.connections,
             "refused": stats.refused,
             "slow_consumers": stats.slow_consumers,
+            "producer_replacements": stats.producer_replacements,
             # the sum MaxBufferedBytes bounds (each connection's is in `clients`)
             "queued_bytes": sum(client["queued_bytes"] for client in clients),
             **vars(traffic),

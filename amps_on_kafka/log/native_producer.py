@@ -18,7 +18,9 @@ DEBUG). Anything else: None, and the gateway produces through confluent-kafka
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any
 
 import confluent_kafka
@@ -27,6 +29,13 @@ from confluent_kafka.admin import AdminClient
 from amps_on_kafka.log.kafka import client_config, log_producer, log_producer_config
 from amps_on_kafka.log.native_reader import loaded_library, text_settings
 from amps_on_kafka.native import core
+
+# What a record purged by librdkafka after a fatal error is reported with.
+PURGED = (
+    confluent_kafka.KafkaError._PURGE_QUEUE,
+    confluent_kafka.KafkaError._PURGE_INFLIGHT,
+    confluent_kafka.KafkaError._FATAL,
+)
 
 # A poll's reports of batched records: (batch number, reports, [(index, code, text)]).
 BatchReports = Callable[[list[tuple[int, int, list[tuple[int, int, str]]]]], None]
@@ -53,6 +62,13 @@ class CompiledProducer:
     def serve_batches(self, handler: BatchReports) -> None:
         """Hand each poll's reports of batched records to `handler`, once per poll."""
         self.core.serve_batches(handler)
+
+    def fatal(self) -> confluent_kafka.KafkaError | None:
+        """librdkafka's fatal error once it raised one (every later produce fails: the
+        owner replaces the producer), else None. confluent-kafka's producer raises it
+        from poll instead, once (server/delivery.py and log/publisher.py take both)."""
+        found = self.core.fatal_error()
+        return None if found is None else confluent_kafka.KafkaError(*found, fatal=True)
 
     def list_topics(self, *args: Any, **kwargs: Any) -> Any:
         if self._metadata is None:
@@ -109,3 +125,15 @@ def own_producer(
     settings = {**config, "delivery.report.only.error": False}
     compiled = native_producer(log_producer_config(bootstrap, **settings), client_config(bootstrap))
     return log_producer(bootstrap, **config) if compiled is None else compiled
+
+
+def flush_all(producer: Any, timeout: float) -> None:
+    """Serve every report of a producer (either kind) that failed fatally, up to
+    `timeout`. By poll, not flush: confluent-kafka's flush goes on calling delivery
+    callbacks once its error callback has set the fatal error as the exception, and
+    each of those callbacks then fails ("returned a result with an exception set"),
+    its report lost; its poll stops at the error and raises it, once."""
+    deadline = time.monotonic() + timeout
+    while len(producer) and time.monotonic() < deadline:
+        with suppress(confluent_kafka.KafkaException):
+            producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))

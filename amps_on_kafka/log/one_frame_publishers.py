@@ -55,6 +55,7 @@ class OneFramePublishers:
     _partition: Callable[[TopicSpec, str | None], int | None]
     _produce: Callable[..., None]
     _delivered: Callable[[int, KafkaError | None, Message], None]
+    _poll: Callable[[float], None]
     _numbered: Any  # the RdProducer publish_document numbers records on, or None
     _shared: bool  # the producer is the gateway's, shared (its pump serves reports)
 
@@ -84,7 +85,7 @@ class OneFramePublishers:
             (BufferError, KafkaException),
             self._produce,
             self._delivered,
-            self._producer.poll,
+            self._poll,  # a fatal error replaces an own producer (LogPublisher._poll)
             POLL_EVERY,
             self._numbered,
         )
@@ -95,7 +96,7 @@ class OneFramePublishers:
         general, routes, route_of = self.publish, self._routes, self._route
         produce, counts, monotonic = self._produce_call, self._counts, time.monotonic
         dumps, sequences, publisher = orjson.dumps, self._sequences, self._publisher_header
-        delivery, poll = self._delivery, self._producer.poll
+        delivery, poll = self._delivery, self._poll
 
         def publish(topic: str, data: Any, expiration: float | None = None, **kw: Any) -> int:
             try:  # free unless it raises (3.11's zero-cost try)

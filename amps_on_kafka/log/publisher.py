@@ -29,7 +29,7 @@ from amps_on_kafka.log.envelope import (
 )
 from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER, partitions_of
 from amps_on_kafka.log.keys import partition_for
-from amps_on_kafka.log.native_producer import CompiledProducer, own_producer
+from amps_on_kafka.log.native_producer import PURGED, CompiledProducer, flush_all, own_producer
 from amps_on_kafka.log.one_frame_publishers import POLL_EVERY, OneFramePublishers, Route
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 from amps_on_kafka.log.sow_deletes import SowDeletes
@@ -38,6 +38,9 @@ from amps_on_kafka.log.sow_deletes import SowDeletes
 # producer refreshes its own metadata (log/kafka.py): a topic given more partitions is
 # noticed, and its keyed publishes refused, within that time.
 PARTITION_COUNT_TTL = 30.0
+# A producer that failed fatally is flushed this long before it is replaced: its records
+# in flight get Kafka's verdict (within message.timeout.ms), those it purged a failure.
+FLUSH_FAILED = 30.0
 
 Persisted = Callable[[PublishError | None, Message], None]
 
@@ -103,16 +106,30 @@ class LogPublisher(OneFramePublishers, SowDeletes):
         self._failures: list[FailedWrite] = []
         self._lock = threading.Lock()
         self.report_successes = report_successes
-        config = {"delivery.report.only.error": not report_successes, **(producer_config or {})}
+        self._bootstrap = bootstrap
+        self._config = {
+            "delivery.report.only.error": not report_successes,
+            **(producer_config or {}),
+        }
         self._shared = producer is not None
-        if producer is None:  # a CompiledProducer is a Producer as far as its users go
-            producer = cast(Producer, own_producer(bootstrap, config))
+        self._closed = False
+        self._fatal: str | None = None  # the fatal error of the producer being replaced
+        self._renewing = threading.Lock()
+        self._retired: list[Producer] = []  # own producers replaced after a fatal error
+        self._delivery = _delivery_type(self._delivered)
+        self._routes: dict[str, Route | None] = {}
+        self.use_producer(producer if producer is not None else self._own_producer())
+
+    def _own_producer(self) -> Producer:
+        # a CompiledProducer is a Producer as far as its users go
+        return cast(Producer, own_producer(self._bootstrap, self._config))
+
+    def use_producer(self, producer: Producer) -> None:
+        """Write through `producer` from now on: at start, and when the gateway replaced
+        its shared producer after a fatal error (server/delivery.py)."""
         self._producer = producer
         self._numbered = self._own_compiled()
         self._produce_call = self._producer.produce  # bound once, not per record
-        self._closed = False
-        self._delivery = _delivery_type(self._delivered)
-        self._routes: dict[str, Route | None] = {}
         self.publish_document = self._document_publisher()
         self.publish_encoded = self._encoded_publisher()
         self.publish_run = self._run_publisher()
@@ -280,22 +297,65 @@ class LogPublisher(OneFramePublishers, SowDeletes):
                     produce(topic, value, key, partition, headers=headers, on_delivery=callback)
                 break
             except BufferError:
-                self._producer.poll(0.05)  # the local queue is full: let deliveries drain
+                self._poll(0.05)  # the local queue is full: let deliveries drain
             except KafkaException as exc:  # refused before sending, e.g. too large
-                raise PublishError(
-                    f"Kafka refused a publish to {topic!r}: {exc.args[0].str()}"
-                ) from exc
+                raise self._refused(topic, exc.args[0]) from exc
         if self._shared:  # its owner serves the reports (the gateway's DeliveryPump)
             return
         self._unpolled += 1
         if self._unpolled >= POLL_EVERY:
             self._unpolled = 0
-            self._producer.poll(0)
+            self._poll(0)
+
+    def _refused(self, topic: str, error: KafkaError) -> PublishError:
+        """The error for a produce Kafka's producer refused. After a fatal error (every
+        produce refused for good) this publisher's own producer is replaced first, so
+        the next publish goes to a new one; a shared one is replaced by its owner."""
+        reason = f"Kafka refused a publish to {topic!r}: {error.str()}"
+        compiled = getattr(self._producer, "fatal", None)  # its refusal carries the cause
+        if error.code() != KafkaError._FATAL and (compiled is None or compiled() is None):
+            return PublishError(reason)
+        if not self._shared:
+            self._renew(self._producer)
+        return PublishError(
+            f"{reason} (the producer failed fatally and is replaced: publish again)"
+        )
+
+    def _poll(self, timeout: float) -> None:
+        """Serve delivery reports; confluent-kafka's producer raises a fatal error here,
+        once: this publisher's own producer is then replaced (_renew)."""
+        try:
+            self._producer.poll(timeout)
+        except KafkaException as exc:
+            if self._shared or not exc.args[0].fatal():
+                raise
+            self._renew(self._producer, exc.args[0])
+
+    def _renew(self, failed: Producer, fatal: KafkaError | None = None) -> None:
+        """Replace this publisher's own producer, which failed fatally: the records it
+        holds are reported first (Kafka's verdict for those in flight, a failure naming
+        the fatal error for those it purged, to on_failed_write or the next flush), so
+        nothing written before lands after what the new producer writes."""
+        with self._renewing:
+            if failed is not self._producer:
+                return  # another thread replaced it meanwhile
+            compiled = getattr(failed, "fatal", None)
+            fatal = fatal or (compiled() if compiled is not None else None)
+            self._fatal = fatal.str() if fatal is not None else "Local: Fatal error"
+            flush_all(failed, FLUSH_FAILED)
+            # Kept open until close(): a publish_document bound before (Client.publish
+            # binds it once) still produces to it, is refused at once, and hands the
+            # record to _produce, which writes through the new producer.
+            self._retired.append(failed)
+            self.use_producer(self._own_producer())
 
     def _delivered(self, sequence: int, error: KafkaError | None, message: Message) -> None:
         if error is None:
             return
-        failure = FailedWrite(message.topic(), sequence, error.str())
+        reason = error.str()
+        if self._fatal is not None and error.code() in PURGED:
+            reason += f" (the producer failed fatally: {self._fatal}; publish again)"
+        failure = FailedWrite(message.topic(), sequence, reason)
         if self.on_failed_write is not None:
             self.on_failed_write(failure)
         else:
@@ -308,11 +368,18 @@ class LogPublisher(OneFramePublishers, SowDeletes):
 
     def poll(self, timeout: float = 0.0) -> None:
         """Serve delivery reports (persisted callbacks) without waiting for all of them."""
-        self._producer.poll(timeout)
+        self._poll(timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until Kafka acknowledged everything; raise on failures or a timeout."""
-        remaining = self._producer.flush(-1 if timeout is None else timeout)
+        self._poll(0)  # a fatal error pending is raised here, not inside flush (flush_all)
+        try:
+            remaining = self._producer.flush(-1 if timeout is None else timeout)
+        except KafkaException as exc:  # confluent-kafka's: a fatal error, raised once
+            if self._shared or not exc.args[0].fatal():
+                raise
+            self._renew(self._producer, exc.args[0])
+            remaining = 0  # every record it held was reported
         with self._lock:
             failures, self._failures = self._failures, []
         if failures:
@@ -333,7 +400,8 @@ class LogPublisher(OneFramePublishers, SowDeletes):
             return
         self.flush(timeout)
         self._closed = True
-        self._producer.close()
+        for producer in (*self._retired, self._producer):
+            producer.close()
 
 
 def _delivery_type(

@@ -10,6 +10,13 @@ Kafka cannot take in time gets a failure ack naming the cause and frees its shar
 callbacks inside poll/flush only, so one DeliveryPump thread serves the shared producer
 and hands the outcomes to the event loop in batches. With the compiled producer
 (log/native_producer.py) a poll's reports of batched records come as one list per batch.
+
+A fatal error (an idempotent producer that can no longer keep its guarantees) leaves
+the producer refusing every produce for good: the pump replaces it (`_replace`). The
+old one is flushed first, so each record it held is answered (Kafka's own verdict for
+those in flight, a failure naming the fatal error for those it purged) before any
+session writes to the new one: nothing from before lands after what is acknowledged
+after. The sessions' commands produced meanwhile are refused at once, naming it.
 """
 
 from __future__ import annotations
@@ -22,10 +29,10 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from amps_on_kafka.errors import PublishError
-from amps_on_kafka.log.native_producer import CompiledProducer
+from amps_on_kafka.log.native_producer import PURGED, CompiledProducer, flush_all
 from amps_on_kafka.log.publisher import Persisted
 from amps_on_kafka.processor.memory import release_freed_memory
 
@@ -46,25 +53,38 @@ TRIM_AFTER_COMMANDS = 2_000
 # gateway writing one-publish reads passes 2^31 batches in a day or two. Kafka reports
 # every record within PublishTimeout, long before its batch's number comes round again.
 BATCH_NUMBERS = 1 << 31
+REPLACE_MARGIN = 5.0  # seconds beyond PublishTimeout a failed producer is flushed for
+
+SharedProducer = Producer | CompiledProducer
 
 
 class DeliveryPump:
     """Runs the shared producer's delivery callbacks, off the event loop."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, producer: Producer | CompiledProducer, timeout: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        producer: SharedProducer,
+        timeout: float,
+        renew: Callable[[], SharedProducer] | None = None,
+        adopt: Callable[[SharedProducer], None] | None = None,
     ) -> None:
+        """`renew()` makes a producer to replace one that failed fatally, `adopt(new)`
+        (run on the loop) hands it to the sessions; without them a fatal error is only
+        logged and every publish after it refused."""
         self._loop = loop
         self._producer = producer
         self._timeout = timeout
+        self._renew = renew
+        self._adopt = adopt
+        self.fatal: str | None = None  # the fatal error being recovered from
         self._outcomes: deque[tuple[Callable[[Any], None], Any]] = deque()
         self._posted = False
         # Batches by number, every session's (numbered here, so that a compiled producer's
         # reports, which carry only the number, find theirs), with their finish.
         self.batch_numbers = batch_numbers()
         self.batches: dict[int, tuple[PublishBatch, Callable[[PublishBatch], None]]] = {}
-        if getattr(producer, "compiled", False):  # reports come by the batch (native_producer)
-            producer.serve_batches(self._batch_reports)  # type: ignore[union-attr]
+        self._serve_batches(producer)
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="amps-gateway-deliveries", daemon=True
@@ -109,10 +129,20 @@ class DeliveryPump:
                 if next(draws) == batch.expected:
                     self.post(finish, batch)
 
+    def _serve_batches(self, producer: SharedProducer) -> None:
+        if getattr(producer, "compiled", False):  # reports come by the batch (native_producer)
+            producer.serve_batches(self._batch_reports)  # type: ignore[union-attr]
+
     def failure_reason(self, error: KafkaError) -> str:
-        """What the publisher is told: a timeout says how long Kafka was given."""
+        """What the publisher is told: a timeout says how long Kafka was given; a record
+        purged after a fatal error, which error and that it was not written."""
         if error.code() == KafkaError._MSG_TIMED_OUT:
             return f"Kafka did not acknowledge within {self._timeout:g}s: {error.str()}"
+        if self.fatal is not None and error.code() in PURGED:
+            return (
+                f"Kafka did not persist the message: {error.str()} (the gateway's producer "
+                f"failed fatally: {self.fatal}; it is replaced, publish again)"
+            )
         return f"Kafka did not persist the message: {error.str()}"
 
     def _drain(self) -> None:
@@ -129,12 +159,61 @@ class DeliveryPump:
             self._loop.call_soon(self._drain)
 
     def _run(self) -> None:
-        producer = self._producer
         while not self._stop.is_set():
             try:
-                producer.poll(SERVE_SLICE if len(producer) else IDLE_WAIT)
+                fatal = self._serve(self._producer)
             except Exception:  # a bug in a report's handling: the others must still be served
                 log.exception("handling Kafka's delivery reports failed")
+                continue
+            if fatal is not None and self.fatal is None:
+                self._replace(fatal)
+
+    def _serve(self, producer: SharedProducer) -> KafkaError | None:
+        """One poll's reports served; the producer's fatal error, if it raised one
+        (confluent-kafka's raises it from poll, once; the compiled one is asked)."""
+        try:
+            producer.poll(SERVE_SLICE if len(producer) else IDLE_WAIT)
+        except KafkaException as exc:
+            if not exc.args[0].fatal():
+                raise
+            return exc.args[0]  # type: ignore[no-any-return]
+        fatal = getattr(producer, "fatal", None)
+        return None if fatal is None else fatal()  # type: ignore[no-any-return]
+
+    def _replace(self, fatal: KafkaError) -> None:
+        """Answer every record of the producer that failed fatally, then put a new one
+        in its place (`renew`, `adopt`): the old one is flushed before any session
+        writes to the new one, so the sessions' order holds across the change."""
+        self.fatal = fatal.str()
+        old = self._producer
+        log.error(
+            "the gateway's Kafka producer failed fatally (%s): the %d record(s) it holds "
+            "are answered, then %s",
+            self.fatal,
+            len(old),
+            "a new producer takes its place" if self._renew else "every publish is refused",
+        )
+        if self._renew is None or self._adopt is None:
+            return
+        flush_all(old, self._timeout + REPLACE_MARGIN)
+        new = self._renew()
+        self._serve_batches(new)
+        adopted = threading.Event()
+        adopt = self._adopt
+
+        def hand_over() -> None:
+            adopt(new)
+            adopted.set()
+
+        with suppress(RuntimeError):  # the loop is closed: the gateway stopped
+            self._loop.call_soon_threadsafe(hand_over)
+        while not adopted.wait(0.1):
+            if self._stop.is_set():  # stopping before the loop took it: the loop is gone
+                new.close()
+                return
+        self._producer, self.fatal = new, None
+        old.close()
+        log.warning("the gateway's Kafka producer was replaced; publishing goes on")
 
 
 def batch_numbers(start: int = 0) -> Iterator[int]:

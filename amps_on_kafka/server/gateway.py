@@ -86,7 +86,13 @@ class Gateway:
         # Set by a worker in a group (cli/worker.py): queries span every worker's partitions.
         self.cluster: Cluster | None = None
         self.producer = _shared_producer(bootstrap, settings)
-        self.pump = DeliveryPump(self.loop, self.producer, settings.publish_timeout)
+        self.pump = DeliveryPump(
+            self.loop,
+            self.producer,
+            settings.publish_timeout,
+            renew=partial(_shared_producer, bootstrap, settings),
+            adopt=self._adopt_producer,
+        )
         self._producer_closed = False
         self.budget = PublishBudget(
             settings.max_publish_bytes_in_flight, settings.max_publishes_in_flight
@@ -172,6 +178,14 @@ class Gateway:
         if unsent:
             log.warning("gateway stopped with %d publish(es) Kafka had not acknowledged", unsent)
         self.producer.close()
+
+    def _adopt_producer(self, producer: Producer | CompiledProducer) -> None:
+        """(On the loop.) The producer that replaced one that failed fatally
+        (DeliveryPump._replace) takes every session's next write."""
+        self.producer = producer
+        for session in self._sessions:
+            session.use_producer(producer)
+        self.stats.producer_replacements += 1
 
     @property
     def session_count(self) -> int:

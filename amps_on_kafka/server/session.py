@@ -405,6 +405,11 @@ class Session:
             self._writes = Writes(self, publisher)
         return self._writes
 
+    def use_producer(self, producer: Any) -> None:
+        """The gateway's shared producer was replaced (Gateway._adopt_producer)."""
+        if self._writes is not None:
+            self._writes.publisher.use_producer(producer)
+
     def add_subscription(self, sub: Subscription) -> None:
         """Registers `sub`; at most MaxSubscriptions per connection, because each one
         holds buffers, and a log subscription a Kafka consumer and a thread of its own."""

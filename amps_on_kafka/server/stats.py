@@ -80,6 +80,7 @@ class GatewayStats:
     connections: int = 0  # accepted
     refused: int = 0  # beyond MaxConnections
     slow_consumers: int = 0  # disconnected: MaxQueuedBytes, or MaxBufferedBytes in all
+    producer_replacements: int = 0  # shared producers replaced after a fatal error
     closed: Traffic = field(default_factory=Traffic)
     publish_latency: Latencies = field(default_factory=Latencies)  # to the persisted ack
     query_latency: Latencies = field(default_factory=Latencies)  # to the group_end

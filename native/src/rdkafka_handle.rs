@@ -4,7 +4,7 @@
 //! `rd_kafka_produceva`'s field list; and the handle itself, kept from being destroyed
 //! under a thread still inside librdkafka.
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
 
@@ -110,6 +110,8 @@ pub(crate) struct Api {
     pub(crate) message_errstr: extern "C" fn(*const RawMessage) -> *const c_char,
     pub(crate) err2str: extern "C" fn(c_int) -> *const c_char,
     destroy: extern "C" fn(*mut c_void),
+    fatal_error: extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
+    test_fatal_error: extern "C" fn(*mut c_void, c_int, *const c_char) -> c_int,
 }
 
 pub(crate) static API: OnceLock<Result<Api, String>> = OnceLock::new();
@@ -136,6 +138,8 @@ fn load(path: &str) -> Result<Api, String> {
             message_errstr: symbol(library, "message_produce_errstr")?,
             err2str: symbol(library, "err2str")?,
             destroy: symbol(library, "destroy")?,
+            fatal_error: symbol(library, "fatal_error")?,
+            test_fatal_error: symbol(library, "test_fatal_error")?,
         })
     }
 }
@@ -300,6 +304,24 @@ impl Handle {
     /// librdkafka's text for an error `code`.
     pub(crate) fn reason(&self, code: c_int) -> String {
         text((self.api.err2str)(code))
+    }
+
+    /// librdkafka's fatal error (code, text) once it raised one (an idempotent producer
+    /// that can no longer keep its guarantees): every later produce fails. None while
+    /// there is none, or once closed.
+    pub(crate) fn fatal(&self) -> Option<(c_int, String)> {
+        let mut buffer = [0 as c_char; 512];
+        let code = self
+            .serving(|rk| (self.api.fatal_error)(rk, buffer.as_mut_ptr(), buffer.len()))
+            .unwrap_or(0);
+        (code != 0).then(|| (code, text(buffer.as_ptr())))
+    }
+
+    /// `rd_kafka_test_fatal_error`: librdkafka raises a fatal error `code` as if it had
+    /// met one (tests only); librdkafka's result code, -1 once closed.
+    pub(crate) fn test_fatal(&self, code: c_int, reason: &CStr) -> c_int {
+        self.serving(|rk| (self.api.test_fatal_error)(rk, code, reason.as_ptr()))
+            .unwrap_or(-1)
     }
 
     pub(crate) fn take_reports(&self) -> Vec<Report> {

@@ -189,6 +189,19 @@ impl RdProducer {
     fn close(&self, py: Python<'_>) {
         self.handle.shut(py)
     }
+
+    /// `(code, text)` of librdkafka's fatal error once it raised one (every later
+    /// produce fails: the owner replaces the producer), else None; None once closed.
+    fn fatal_error(&self) -> Option<(i32, String)> {
+        self.handle.fatal()
+    }
+
+    /// Tests only: librdkafka raises fatal error `code` with `reason` as if it had met
+    /// one (`rd_kafka_test_fatal_error`); its result code, -1 once closed.
+    fn _test_fatal_error(&self, code: i32, reason: &str) -> PyResult<i32> {
+        let reason = CString::new(reason).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(self.handle.test_fatal(code, &reason))
+    }
 }
 
 impl RdProducer {

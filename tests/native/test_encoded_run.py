@@ -137,6 +137,7 @@ class Pump:
     its posts, recorded."""
 
     _timeout = 5.0
+    fatal = None  # no fatal error being recovered from
     failure_reason = DeliveryPump.failure_reason
 
     def __init__(self) -> None:

@@ -47,9 +47,10 @@ WAIT = 120.0
 class Storm:
     """One connection publishing without pause, and a reader collecting persisted acks."""
 
-    def __init__(self, address: str, plain: bool = False) -> None:
+    def __init__(self, address: str, plain: bool = False, topic: str = TOPIC) -> None:
         host, _, port = address.rpartition(":")
         self.plain = plain  # plain publishes (no acks asked: the gateway's batch path)
+        self.topic = topic
         self.sock = socket.create_connection((host, int(port)), timeout=WAIT)
         self.sent = 0
         self.acks: list[dict] = []
@@ -69,9 +70,9 @@ class Storm:
         self.sock.sendall(encode_frame({"c": "flush", "cid": "flush", "a": "processed"}))
 
     def _publish(self, number: int) -> bytes:
-        header: dict = {"c": "publish", "t": TOPIC, "s": number}
+        header: dict = {"c": "publish", "t": self.topic, "s": number}
         if not self.plain:
-            header = {"c": "publish", "cid": str(number), "t": TOPIC, "a": "persisted"}
+            header = {"c": "publish", "cid": str(number), "t": self.topic, "a": "persisted"}
         return encode_frame(header, orjson.dumps({"id": number}))
 
     def _read(self) -> None:
