@@ -35,11 +35,22 @@ fn message_ids<'py>(text: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, P
         return Ok(None); // not UTF-8 (a lone surrogate): the twin's
     };
     let ids = PyList::empty(py);
+    // the ids of one topic share its text (an ack names one queue's messages): one
+    // object made, and its hash computed once for every look-up of the ack
+    let mut last: Option<(&str, Bound<'py, PyString>)> = None;
     for item in text.split(',') {
         let Some((topic, partition, offset)) = common_id(item) else {
             return Ok(None);
         };
-        ids.append((PyString::new(py, topic), partition, offset))?;
+        let name = match &last {
+            Some((seen, name)) if *seen == topic => name.clone(),
+            _ => {
+                let name = PyString::new(py, topic);
+                last = Some((topic, name.clone()));
+                name
+            }
+        };
+        ids.append((name, partition, offset))?;
     }
     Ok(Some(ids))
 }

@@ -69,3 +69,11 @@ def test_odd_bookmarks_are_left_to_the_twin_or_read_alike(text: str) -> None:
         assert type(raised.value).__name__ == expected
     else:
         assert _message_ids(text) == expected
+
+
+def test_the_ids_of_one_topic_share_its_text() -> None:
+    """Consecutive ids of one topic hold one text object (its hash computed once for
+    the ack's look-ups); another topic gets its own, equal to what the twin reads."""
+    ids = core.message_ids("q|0|1|,q|0|2|,r|0|3|,q|0|4|")
+    assert ids == _message_ids_twin("q|0|1|,q|0|2|,r|0|3|,q|0|4|")
+    assert ids[0][0] is ids[1][0] and ids[2][0] == "r" and ids[3][0] == "q"
