@@ -8,6 +8,7 @@ mod batches;
 mod filters;
 mod frame_buffer;
 mod frames;
+mod json_scan;
 mod lookups;
 mod publish;
 mod publish_runs;

@@ -19,6 +19,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
+use crate::json_scan;
+
 /// The bytes of the stored record's header: offset, timestamp ms, deadline ms (0 = never),
 /// each big-endian signed 64 bits (`state/record.py`, `_HEADER`).
 const HEADER: usize = 24;
@@ -211,6 +213,9 @@ impl<'de> Visitor<'de> for Document<'_> {
 
 /// The SOW key of a JSON payload, or None when the twin must decide.
 pub(crate) fn key_of<'p>(payload: &'p [u8], field: &str) -> Option<Key<'p>> {
+    if let Some(key) = json_scan::key(payload, field) {
+        return Some(key); // the common case, without serde's visitors
+    }
     let text = std::str::from_utf8(payload).ok()?;
     let mut parser = serde_json::Deserializer::from_str(text);
     let key = Document { field }.deserialize(&mut parser).ok()?;

@@ -65,6 +65,15 @@ ODD = [
     b'{"c":"publish"}',
     b'{"c":"publish","t":null}',
     b'{"c":"publish","t":"a","s":NaN}',
+    # our client's template (native/src/frames.rs reads it without serde_json) at its edges
+    b'{"c":"publish","t":"a","s":0}',
+    b'{"c":"publish","t":"a","s":00}',
+    b'{"c":"publish","t":"a","s":}',
+    b'{"c":"publish","t":"a"}',
+    b'{"c":"publish","t":"a","s":9999999999999999999}',
+    b'{"c":"publish","t":"a","s":12345678901234567890}',
+    b'{"c":"publish","t":"a\x01","s":1}',
+    b'{"c":"publish","t":"\xc3\xa9","s":1} ',
 ]
 
 
@@ -190,6 +199,21 @@ PAYLOADS = [
     b"[1, 2]",
     b'"text"',
     b"",
+    # what native/src/json_scan.rs answers itself, or leaves to serde_json, at its edges
+    b'{"v": "a\\"b\\\\\\/\\n\\u00e9", "id": "k", "w": [1e99, -0.5E-99, 1e100, 0]}',
+    b'{"v": 1' + b"0" * 299 + b', "id": 1' + b"0" * 18 + b"}",
+    b'{"id": 1' + b"0" * 19 + b"}",
+    b'{"id": 1, "v": 1' + b"0" * 300 + b"}",
+    b'{"id": 1, "v": 1e308}',
+    b'{"id": 1, "v": 01}',
+    b'{"id": 1, "v": 1.}',
+    b'{"id": 1, "v": [1,]}',
+    b'{"id": 1, "v": "\xc3\xa9\xe2\x82\xac"}',
+    b'{"id": 1, "v": "\xc3"}',
+    b'{"id": 1, "v": "tab\there"}',
+    b'{"id": 1, "v": "\\x"}',
+    b'{"id": "\xc3\xa9t\xc3\xa9", "v": ' + b"[" * 100 + b"]" * 100 + b"}",
+    b'\t{"id" : "k" ,"v":{"id":2}}\r\n',
 ]
 
 
@@ -226,3 +250,6 @@ def test_a_plain_key_is_read_by_the_core():
     assert core.publish_key(b'{"v": [1.5, {"id": 2}], "id": 7}', "id") == "7"
     assert core.publish_key(b'{"id": "k\\u00e9"}', "id") == "ké"
     assert core.publish_key(b'{"id": "k"} ', None) is None
+    assert core.publish_key(b'\t{"id" : "k" ,"v":{"id":2}}\r\n', "id") == "k"
+    assert core.publish_key(b'{"v": "\\"\\u00e9", "id": 1' + b"0" * 18 + b"}", "id") == str(10**18)
+    assert core.publish_key(b'{"id": "\xc3\xa9", "v": [-0.5E-99, 1e99]}', "id") == "\u00e9"
