@@ -193,15 +193,17 @@ class Recording:
     def checkpoint(self) -> None:
         """Under the engine lock: store what changed, once the events behind it are durable."""
         state = self.state
-        if self.store is None or self.failure is not None:
-            return
+        if self.store is None or self.failure is not None or self._reread is not None:
+            return  # a restart's re-read: the store keeps what it had until it ends
         self._checkpoint_due = time.monotonic() + CHECKPOINT_EVERY
         changed, early = state.take_dirty()
         if not (changed or early or self._read):
             return
         self._read = False
         point = state.recovery_point()
-        batch = self.store.prepare(changed, early, state.positions, state.next_seq, point)
+        batch = self.store.prepare(
+            changed, early, state.positions, state.next_seq, point, self.runs
+        )
         with self._store_lock:
             needed = self._produced
             known = self._durable_next if needed == self._durable else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
@@ -25,8 +26,16 @@ from amps_on_kafka.log.kafka import (
     partitions_matching,
     reader,
 )
-from amps_on_kafka.state.queue_store import QueueStore, StoredQueue, decode_events, queue_store_path
-from amps_on_kafka.state.queue_types import TP
+from amps_on_kafka.state.queue import QueueState
+from amps_on_kafka.state.queue_store import (
+    QueueStore,
+    StoredQueue,
+    UnstoredRuns,
+    decode_events,
+    queue_store_path,
+)
+from amps_on_kafka.state.queue_store_runs import members
+from amps_on_kafka.state.queue_types import TP, QueueEntry, RecoveryPoint
 
 # the runtime's log lines keep its logger name, which operators filter on
 # (docs/operations.md, Logging)
@@ -67,6 +76,7 @@ class Recovery:
             for message, early in stored.early.items():
                 state.restore_early(message, early)
             state.next_seq = max(state.next_seq, stored.next_seq)
+        self._read_again(stored)
         self._durable_next = self._replay_events(events_from)
         state.ev_next = self._durable_next
         self._read = True
@@ -79,6 +89,24 @@ class Recovery:
             state.depth,
             len(partitions),
         )
+
+    def _read_again(self, stored: StoredQueue | None) -> None:
+        """The messages the checkpoint left in their topics (state/queue_store_runs.py):
+        each partition is read again from its first (before the events are replayed, so
+        an event about one waits for it as an ack that came early), and the queue keeps
+        leaving such messages there unless a rule makes it admit in another order
+        (a barrier, TargetQueueDepth)."""
+        policy = self.state.policy
+        kept = stored.runs if stored is not None else []
+        if policy.barrier is None and policy.target_depth is None:
+            self.runs = UnstoredRuns(policy.max_deliveries is not None, kept)
+        if not kept:
+            return
+        point = self.store.recovery_point()  # type: ignore[union-attr]
+        self._reread = Reread(members(kept), dict(self.state.positions), point, self.runs)
+        for tp, front in self._reread.fronts().items():
+            if tp in self.state.positions:
+                self.state.start_at(tp, front)
 
     def _open_store(self) -> StoredQueue | None:
         """The store, unless the events since it are no longer all in the events topic
@@ -168,3 +196,79 @@ def ensure_events_topic(admin, name: str) -> None:
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise TransportError(f"can't create the queue-events topic {name!r}: {exc}") from exc
+
+
+class Reread:
+    """A restart's reading again of the messages its checkpoint left in their topics: in
+    each partition, from the first of them up to the offset the store had read to, a
+    member of the stored runs is enqueued with its arrival number; any other record
+    there is read past (a stored message, restored already; one that left the queue)."""
+
+    def __init__(
+        self,
+        members: dict[TP, dict[int, int]],
+        until: dict[TP, int],
+        point: RecoveryPoint | None,
+        runs: Any,
+    ) -> None:
+        # the partitions the queue still reads (a deleted topic's members are lost)
+        self._members = {tp: found for tp, found in members.items() if found}
+        self._until = {tp: until[tp] for tp in self._members if tp in until}
+        # no event about a member is older than the stored recovery point's events offset
+        self._ev_pos = None if point is None else point.events
+        self._runs = runs  # the queue's UnstoredRuns, or None (its policy stores all)
+
+    def fronts(self) -> dict[TP, int]:
+        """Where each partition is read again from."""
+        return {tp: min(self._members[tp]) for tp in self._until}
+
+    def take(self, state: QueueState, read: list) -> list:
+        """Under the engine lock: the members among `read` enqueued, the other records of
+        the re-read range read past; what is past the range returned, in order."""
+        rest = []
+        for item in read:
+            if type(item) is QueueEntry:
+                topic, partition, offset = item.id
+                tp = (topic, partition)
+            else:
+                tp, offset = item
+            if offset >= self._until.get(tp, -1):
+                rest.append(item)
+                continue
+            seq = self._members[tp].pop(offset, None)
+            if seq is None or type(item) is not QueueEntry or item.id in state.entries:
+                state.start_at(tp, max(state.positions[tp], offset + 1))
+            elif not state.enqueue(item, seq, self._ev_pos) and self._runs is not None:
+                self._runs.leave(*item.id)  # an event after the checkpoint removed it
+        return rest
+
+    def finish(self, state: QueueState, name: str) -> None:
+        """Once the topics are read to their ends at startup: members not found are gone
+        from the log (retention or compaction deleted them), said once, and the queue
+        reads on from where the store had read."""
+        for (topic, partition), lost in self._members.items():
+            if lost:
+                log.error(
+                    "queue %s: %d waiting messages of %s|%d (offsets %d to %d) are no "
+                    "longer in the topic (retention or compaction deleted them): lost",
+                    name,
+                    len(lost),
+                    topic,
+                    partition,
+                    min(lost),
+                    max(lost),
+                    extra={
+                        "event": "lost",
+                        "queue": name,
+                        "topic": topic,
+                        "partition": partition,
+                        "count": len(lost),
+                    },
+                )
+                if self._runs is not None:
+                    for offset in lost:
+                        self._runs.leave(topic, partition, offset)
+            tp = (topic, partition)
+            if tp in self._until:
+                state.start_at(tp, max(state.positions[tp], self._until[tp]))
+        state.order_arrivals()

@@ -37,7 +37,7 @@ from amps_on_kafka.native import core
 from amps_on_kafka.processor.collections import collections_paused
 from amps_on_kafka.processor.queue_events import EventsWriter
 from amps_on_kafka.processor.queue_recording import Done, Recording
-from amps_on_kafka.processor.queue_recovery import Recovery
+from amps_on_kafka.processor.queue_recovery import Recovery, Reread
 from amps_on_kafka.state.queue import QueueState
 from amps_on_kafka.state.queue_store import QueueStore
 from amps_on_kafka.state.queue_types import TP, MessageId, QueueEntry, QueuePolicy, RecoveryPoint
@@ -106,6 +106,10 @@ class QueueRuntime(Recovery, Recording):
         self._recovery_sent: tuple[float, RecoveryPoint | None] = (0.0, None)
         self._admin = None
         self._discover_due = time.monotonic() + DISCOVER_EVERY
+        # the messages checkpoints leave in their topics (state/queue_store_runs.py), and
+        # a restart's reading them again until the topics are read to their ends
+        self.runs: Any = None
+        self._reread: Reread | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -164,6 +168,7 @@ class QueueRuntime(Recovery, Recording):
             self._loop(self._caught_up(watermarks(self._consumer, self.state.positions)))
             if self._halted.is_set():
                 return
+            self._finish_reread()
             self.ready.set()
             self._loop(lambda: False)
         except AmpsError as exc:  # a reason for the operator, which a traceback would bury
@@ -207,6 +212,8 @@ class QueueRuntime(Recovery, Recording):
                 del records
                 with engine.lock:
                     self._turn()
+                    if self._reread is not None:
+                        read = self._reread.take(state, read)
                     state.enqueue_read(read)
                     state.tick()
                     engine.settle()
@@ -217,6 +224,13 @@ class QueueRuntime(Recovery, Recording):
             self._commit_recovery()
             if self.ready.is_set():
                 self._discover()
+
+    def _finish_reread(self) -> None:
+        """Read to the ends at startup: what the checkpoint left in the topics is back."""
+        if self._reread is not None:
+            with self.engine.lock:
+                self._reread.finish(self.state, self.name)
+                self._reread = None
 
     def _turn(self) -> None:
         """Under the engine lock, each turn of the queue's thread: after a stall (the
@@ -285,7 +299,7 @@ class QueueRuntime(Recovery, Recording):
 
     def _flow_control(self) -> None:
         """TargetQueueDepth: read no further while messages wait beyond the active part."""
-        if self.state.policy.target_depth is None:
+        if self.state.policy.target_depth is None or self._reread is not None:
             return
         consumer = self._consumer
         assigned = consumer.assignment()  # type: ignore[union-attr]

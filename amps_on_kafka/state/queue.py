@@ -108,9 +108,11 @@ class QueueState(Delivering, Removal):
         self.positions[tp] = offset
         self._partitions.setdefault(tp, deque())
 
-    def enqueue(self, entry: QueueEntry) -> bool:
+    def enqueue(self, entry: QueueEntry, seq: int | None = None, ev_pos: int | None = None) -> bool:
         """A message read from an underlying topic; False when it does not join the queue
-        (read before, or acknowledged before it arrived)."""
+        (read before, or acknowledged before it arrived). A restart reading again a
+        message its checkpoint left in the topic gives its arrival number `seq` back, and
+        an events offset `ev_pos` no later than its first (processor/queue_recovery.py)."""
         topic, partition, offset = entry.id
         tp = (topic, partition)
         if offset < self.positions.get(tp, 0):
@@ -124,9 +126,11 @@ class QueueState(Delivering, Removal):
             if early.removed:
                 return False
             entry.deliveries, entry.cancels = early.deliveries, early.cancels
-        entry.seq = self.next_seq
-        self.next_seq += 1
-        entry.ev_pos = floor
+        if seq is None:
+            seq = self.next_seq
+            self.next_seq += 1
+        entry.seq = seq
+        entry.ev_pos = floor if ev_pos is None else min(floor, ev_pos)
         policy = self.policy
         if entry.expiration is None and policy.expiration_ms is None:
             entry.deadline = None  # what deadline() says then, without the call
@@ -181,6 +185,13 @@ class QueueState(Delivering, Removal):
         self.positions[tp] = max(self.positions.get(tp, 0), entry.id[2] + 1)  # type: ignore[index]
         self.next_seq = max(self.next_seq, entry.seq + 1)
         self._admit(entry)
+
+    def order_arrivals(self) -> None:
+        """Each partition's arrivals in offset order again, which the recovery point reads
+        from the front: a restart admits the stored messages before those it reads again
+        from the topics."""
+        for tp, order in self._partitions.items():
+            self._partitions[tp] = deque(sorted(order))
 
     def restore_early(self, message: MessageId, early: Early) -> None:
         self._early[message] = early

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch
 
 from amps_on_kafka.log.codecs import Codec
 from amps_on_kafka.native import core
+from amps_on_kafka.state.queue_store_runs import _UnstoredRunsTwin
 from amps_on_kafka.state.queue_types import (
     TP,
     Early,
@@ -42,6 +44,7 @@ _SEQ = struct.Struct(">q")
 _LAST_SEQ = 2**63 - 1
 _LENGTH = struct.Struct(">I")
 _POSITIONS, _EVENTS, _NEXT_SEQ, _RECOVERY = b"positions", b"events", b"next_seq", b"recovery"
+_RUNS = b"runs"
 NO_DEADLINE = -1
 
 
@@ -58,6 +61,8 @@ class StoredQueue:
     next_seq: int
     entries: list[QueueEntry]
     early: dict[MessageId, Early]
+    # the messages left in their topics, to read again (UnstoredRuns.state())
+    runs: list[list[Any]] = field(default_factory=list)
 
 
 def encode_entry(entry: QueueEntry) -> bytes:
@@ -78,7 +83,10 @@ def encode_entry(entry: QueueEntry) -> bytes:
 
 
 def _put_entries_twin(
-    batch: WriteBatch, column: ColumnFamily, entries: Iterable[QueueEntry]
+    batch: WriteBatch,
+    column: ColumnFamily,
+    entries: Iterable[QueueEntry],
+    runs: Any = None,
 ) -> None:
     """put_entries in Python: what the compiled core leaves to it, or all without it."""
     removed = []
@@ -86,9 +94,16 @@ def _put_entries_twin(
         if entry.status in GONE:
             if entry.stored:  # the number as its key holds it (struct's error if it can't)
                 removed.append(_SEQ.unpack(_SEQ.pack(entry.seq))[0])
-        else:
-            batch.put(_SEQ.pack(entry.seq), encode_entry(entry), column)
-            entry.stored = True
+            elif runs is not None:
+                runs.leave(*entry.id)
+            continue
+        if runs is not None and not entry.stored:
+            if entry.cancels == 0 and (entry.deliveries == 0 or not runs.deliveries_counted):
+                runs.note(*entry.id, entry.seq)
+                continue
+            runs.leave(*entry.id)
+        batch.put(_SEQ.pack(entry.seq), encode_entry(entry), column)
+        entry.stored = True
     _delete_runs(batch, column, removed)
 
 
@@ -122,13 +137,16 @@ def _delete_runs(batch: WriteBatch, column: ColumnFamily, seqs: list[int]) -> No
 
 # One call a checkpoint: each changed entry put in `column` of the batch (encoded by
 # encode_entry), or deleted from it once it left the queue if it was ever stored
-# (`_delete_runs`). The compiled core writes encode_entry's bytes itself (~1 us of the
-# queue thread a message that outlives a checkpoint, in Python).
-put_entries: Callable[[WriteBatch, ColumnFamily, Iterable[QueueEntry]], None] = (
+# (`_delete_runs`); given the queue's UnstoredRuns, a message that only waited is noted
+# there instead of put, and leaves its run when it leaves the queue or is put
+# (state/queue_store_runs.py). The compiled core writes encode_entry's bytes itself
+# (~1 us of the queue thread a message that outlives a checkpoint, in Python).
+put_entries: Callable[..., None] = (
     core.EntryWriter(QueueEntry, GONE, _put_entries_twin, DELETE_RANGE_FROM).put
     if core is not None
     else _put_entries_twin
 )
+UnstoredRuns: Callable[..., Any] = core.UnstoredRuns if core is not None else _UnstoredRunsTwin
 
 
 def _text(value: bytes | None) -> str | None:
@@ -222,6 +240,7 @@ class QueueStore:
             _SEQ.unpack(meta.get(_NEXT_SEQ))[0],
             list(self._entries(codec_of)),
             early,  # type: ignore[arg-type]
+            orjson.loads(meta.get(_RUNS) or b"[]"),
         )
 
     def _entries(self, codec_of: Callable[[str], Codec | None]) -> Iterator[QueueEntry]:
@@ -243,11 +262,19 @@ class QueueStore:
         positions: dict[TP, int],
         next_seq: int,
         recovery: RecoveryPoint,
+        runs: Any = None,
     ) -> WriteBatch:
-        """A checkpoint of the state as it is now, to `commit` once its events are durable."""
+        """A checkpoint of the state as it is now, to `commit` once its events are durable;
+        with `runs` (the queue's UnstoredRuns), messages that only waited are left in their
+        topics and noted there, the runs stored with the checkpoint."""
         entries, early_cf, meta = (self._handles[n] for n in COLUMN_FAMILIES)
         batch = WriteBatch(raw_mode=True)
-        put_entries(batch, entries, changed.values())
+        if runs is None:
+            put_entries(batch, entries, changed.values())
+            batch.delete(_RUNS, meta)  # a policy that stores every message now
+        else:
+            put_entries(batch, entries, changed.values(), runs)
+            batch.put(_RUNS, orjson.dumps(runs.state()), meta)
         for message, value in early.items():
             if value is None:
                 batch.delete(_message_key(message), early_cf)

@@ -18,6 +18,7 @@ mod queue_enqueue;
 mod queue_entries;
 mod queue_messages;
 mod queue_store;
+mod queue_store_runs;
 mod rdkafka_handle;
 mod rdkafka_producer;
 mod rdkafka_reader;

@@ -14,6 +14,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple, PyType};
 
+use crate::queue_store_runs::UnstoredRuns;
 use crate::records::{check_layout, locate, read};
 use crate::scans::{escape_into, push_int};
 
@@ -102,11 +103,16 @@ impl EntryWriter {
 
     /// For each entry: put in `column` of `batch` encoded (and marked stored), or, if it
     /// left the queue and was stored, deleted from it after the puts (`delete_runs`).
+    /// Given the queue's `runs`, an unstored entry that only waited (no cancel, and no
+    /// delivery where MaxDeliveries counts them) is noted there instead of put, and an
+    /// entry leaves them as it leaves the queue or is put.
+    #[pyo3(signature = (batch, column, entries, runs = None))]
     fn put(
         &self,
         batch: &Bound<PyAny>,
         column: &Bound<PyAny>,
         entries: &Bound<PyAny>,
+        runs: Option<&Bound<UnstoredRuns>>,
     ) -> PyResult<()> {
         let py = batch.py();
         let gone = self.gone.bind(py);
@@ -117,14 +123,32 @@ impl EntryWriter {
                 let seq = seq_of(f.get(SEQ))?;
                 Some((f, seq))
             }) else {
-                self.twin.bind(py).call1((batch, column, [&entry]))?;
+                self.twin.bind(py).call1((batch, column, [&entry], runs))?;
                 continue;
             };
+            let stored = fields.get(STORED).is_truthy()?;
             if gone.contains(fields.get(STATUS))? {
-                if fields.get(STORED).is_truthy()? {
+                if stored {
                     removed.push(seq);
+                } else if let Some(runs) = runs {
+                    if !runs.borrow_mut().leave_id(fields.get(ID)) {
+                        self.twin.bind(py).call1((batch, column, [&entry], runs))?;
+                    }
                 }
-            } else if let Some(value) = encoded(&fields)? {
+                continue;
+            }
+            if let (Some(runs), false) = (runs, stored) {
+                let counted = runs.borrow().deliveries_counted;
+                match waited_only(&fields, counted) {
+                    Some(true) if runs.borrow_mut().note_id(fields.get(ID), seq) => continue,
+                    Some(false) if runs.borrow_mut().leave_id(fields.get(ID)) => {}
+                    _ => {
+                        self.twin.bind(py).call1((batch, column, [&entry], runs))?;
+                        continue;
+                    }
+                }
+            }
+            if let Some(value) = encoded(&fields)? {
                 batch.call_method1(intern!(py, "put"), (key(py, seq), value, column))?;
                 entry.setattr(intern!(py, "stored"), true)?;
             } else {
@@ -314,6 +338,21 @@ fn write_int(out: &mut Vec<u8>, number: &Bound<PyAny>) -> bool {
     true
 }
 
+/// Whether an entry only waited (no cancel; no delivery, where they are counted), or
+/// None when its counts are not ints this code reads.
+fn waited_only(fields: &Fields, deliveries_counted: bool) -> Option<bool> {
+    let count = |at: usize| {
+        let value = fields.get(at);
+        if value.is_exact_instance_of::<PyInt>() {
+            value.extract::<i64>().ok()
+        } else {
+            None
+        }
+    };
+    let (deliveries, cancels) = (count(COUNTS[0])?, count(COUNTS[1])?);
+    Some(cancels == 0 && (deliveries == 0 || !deliveries_counted))
+}
+
 /// A stored entry's arrival number, if `seq` is an int that fits its key.
 fn seq_of(seq: &Bound<PyAny>) -> Option<i64> {
     if !seq.is_exact_instance_of::<PyInt>() {
@@ -364,5 +403,6 @@ fn delete_runs(
 }
 
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
-    m.add_class::<EntryWriter>()
+    m.add_class::<EntryWriter>()?;
+    m.add_class::<UnstoredRuns>()
 }

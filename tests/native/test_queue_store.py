@@ -8,6 +8,7 @@ mark the same entries stored, and fail with the same error where the twin fails.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,13 @@ from amps_on_kafka.state.queue_store import (
     _SEQ,
     DELETE_RANGE_FROM,
     QueueStore,
+    UnstoredRuns,
     _put_entries_twin,
     decode_entry,
     encode_entry,
     put_entries,
 )
+from amps_on_kafka.state.queue_store_runs import _UnstoredRunsTwin, members
 from amps_on_kafka.state.queue_types import QueueEntry, Status
 
 TEXT = st.text(max_size=6) | st.sampled_from(['"\\/', "\x00\x1f\x7f", "é€😀", "\ud800"])
@@ -82,6 +85,7 @@ def outcome(call):
 def test_the_compiled_writer_is_in_use():
     assert put_entries != _put_entries_twin
     assert type(put_entries.__self__) is core.EntryWriter
+    assert UnstoredRuns is core.UnstoredRuns
 
 
 @given(entries())
@@ -204,3 +208,97 @@ def test_entries_of_another_class_or_with_a_slot_unset_go_to_the_twin(stores):
     assert (
         ours == twin == ("error", (AttributeError, "'QueueEntry' object has no attribute 'status'"))
     )
+
+
+# -- the messages a checkpoint leaves in their topics (UnstoredRuns) -------------------
+ARRIVALS = st.lists(
+    st.tuples(st.sampled_from([("t", 0), ("t", 1), ("u", 0)]), st.integers(1, 3), st.booleans()),
+    max_size=60,
+)
+
+
+def arrivals(steps) -> dict[tuple[str, int], dict[int, int]]:
+    """Messages as a queue reads them: offsets rising by partition (gaps where a record
+    held no message), arrival numbers rising across partitions (gaps where another kind
+    of entry took one): offset -> arrival number, by partition."""
+    found: dict[tuple[str, int], dict[int, int]] = {}
+    seq, next_offset = 0, {}
+    for tp, step, skip in steps:
+        offset = next_offset.get(tp, 0) + step - 1
+        next_offset[tp] = offset + 1
+        seq += 1 + skip
+        found.setdefault(tp, {})[offset] = seq
+    return found
+
+
+@given(ARRIVALS, st.data())
+def test_runs_keep_exactly_the_members_with_their_arrival_numbers(steps, data):
+    """Noted in the order read, then any of them leaving in any order (and some left
+    twice, some never noted): both classes hold exactly the rest, each with its arrival
+    number, the same state, and each partition's front at its first member."""
+    found = arrivals(steps)
+    noted = [(tp, o, s) for tp, offsets in found.items() for o, s in offsets.items()]
+    noted.sort(key=lambda item: item[2])
+    leaving = data.draw(
+        st.lists(st.sampled_from(noted), max_size=len(noted)) if noted else st.just([])
+    )
+    stranger = data.draw(st.lists(st.tuples(st.just(("t", 0)), st.integers(0, 300))))
+    both = [UnstoredRuns(False), _UnstoredRunsTwin(False)]
+    for runs in both:
+        for (topic, partition), offset, seq in noted:
+            runs.note(topic, partition, offset, seq)
+        for (topic, partition), offset, _ in leaving:
+            runs.leave(topic, partition, offset)
+        for (topic, partition), offset in stranger:
+            if offset not in found.get((topic, partition), {}):
+                runs.leave(topic, partition, offset)
+    assert both[0].state() == both[1].state()
+    assert both[0].fronts() == both[1].fronts()
+    left = {(tp, o) for tp, o, _ in leaving}
+    expected = {
+        tp: {o: s for o, s in offsets.items() if (tp, o) not in left}
+        for tp, offsets in found.items()
+    }
+    expected = {tp: offsets for tp, offsets in expected.items() if offsets}
+    assert members(both[0].state()) == expected
+    assert both[0].fronts() == {tp: min(offsets) for tp, offsets in expected.items()}
+    again = UnstoredRuns(False, both[0].state())  # as read back from the store
+    assert again.state() == _UnstoredRunsTwin(False, both[1].state()).state() == both[0].state()
+
+
+def _with_runs(put_, runs, batch, column, entries) -> None:
+    put_(batch, column, entries, runs)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1), st.integers(0, 1)), max_size=12),
+    st.booleans(),
+)
+def test_the_writer_notes_what_only_waited_as_the_twin_does(stores, counts, deliveries_counted):
+    """A checkpoint with runs: an unstored entry that only waited is noted, not put; one
+    counted (a cancel; a delivery under MaxDeliveries) is put and leaves its run; one that
+    left the queue leaves it. Both writers leave the same store, flags and runs."""
+    results = []
+    for store, put_, runs in zip(
+        stores,
+        (put_entries, _put_entries_twin),
+        (UnstoredRuns(deliveries_counted), _UnstoredRunsTwin(deliveries_counted)),
+        strict=True,
+    ):
+        fresh = [QueueEntry(("t", 0, n), 7, b"{}", seq=n) for n in range(len(counts))]
+        with_runs = partial(_with_runs, put_, runs)
+        first = written(store, with_runs, fresh)
+        for entry, (deliveries, cancels, leaves) in zip(fresh, counts, strict=True):
+            entry.deliveries, entry.cancels = deliveries, cancels
+            if leaves:
+                entry.status = Status.REMOVED
+        second = written(store, with_runs, fresh)
+        results.append((first, second, runs.state()))
+    assert results[0] == results[1]
+    waited = [
+        n
+        for n, (deliveries, cancels, leaves) in enumerate(counts)
+        if not leaves and cancels == 0 and (deliveries == 0 or not deliveries_counted)
+    ]
+    assert sorted(members(results[0][2]).get(("t", 0), {})) == waited
+    assert results[0][0][1] == {}, "nothing put while every entry only waited"

@@ -1,9 +1,10 @@
-"""A queue worker to SIGKILL: `python -m tests.queues.crash_child CONFIG_JSON STATE_DIR`.
+"""A queue worker to SIGKILL: `python -m tests.queues.crash_child CONFIG_JSON STATE_DIR
+[BACKLOG [all]]`.
 
-It subscribes to the queue with a large backlog, acknowledges every message whose `n`
-is even and holds the others' leases. It prints `acked <bookmark>` once an ack is
-durable (answered) and `held <bookmark>` for a lease it keeps, so the test knows what
-the queue must look like after the crash.
+It subscribes to the queue with a large backlog (or BACKLOG), acknowledges every message
+whose `n` is even (every message, given `all`) and holds the others' leases. It prints
+`acked <bookmark>` once an ack is durable (answered) and `held <bookmark>` for a lease
+it keeps, so the test knows what the queue must look like after the crash.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from queue import SimpleQueue
 
 import orjson
 
@@ -30,17 +32,31 @@ def main() -> None:
     config = Config.model_validate(orjson.loads(sys.argv[1]))
     engine = QueueEngine(config, os.environ["KAFKA_BOOTSTRAP_SERVERS"], sys.argv[2])
     queue = config.queues[0].name
+    backlog = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
+    ack_all = sys.argv[4:] == ["all"]
+
+    to_ack: SimpleQueue[str] = SimpleQueue()
 
     def deliver(message: QueueMessage) -> None:
-        if message.data["n"] % 2:
+        if message.data["n"] % 2 and not ack_all:
             say(f"held {message.bookmark}")
-            return
-        future = engine.ack(queue, message.bookmark, "child")
-        future.add_done_callback(lambda f, bm=message.bookmark: say(f"acked {bm}"))
+        elif ack_all:  # from another thread: an ack's dispatch would call deliver again
+            to_ack.put(message.bookmark)
+        else:
+            ack(message.bookmark)
 
+    def ack(bookmark: str) -> None:
+        future = engine.ack(queue, bookmark, "child")
+        future.add_done_callback(lambda f: say(f"acked {bookmark}"))
+
+    def acker() -> None:
+        while True:
+            ack(to_ack.get())
+
+    threading.Thread(target=acker, daemon=True).start()
     engine.start()
     engine.wait_ready()
-    engine.subscribe(queue, deliver, session="child", sub_id="child", max_backlog=1000)
+    engine.subscribe(queue, deliver, session="child", sub_id="child", max_backlog=backlog)
     say("ready")
     threading.Event().wait()  # until killed
 

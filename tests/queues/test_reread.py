@@ -1,0 +1,126 @@
+"""A queue's checkpoint leaves the messages that only waited in their topics
+(state/queue_store_runs.py), and a restart reads them again (processor/queue_recovery.py
+`Reread`): after a SIGKILL, none is lost, none acked comes back, each keeps its arrival
+number (so the order of delivery); a message whose record retention deleted meanwhile is
+said lost in one log line, and the queue serves the rest."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from amps_on_kafka.log.bookmarks import format_bookmark
+from amps_on_kafka.state.queue_store import QueueStore, queue_store_path
+from amps_on_kafka.state.queue_types import EventKind
+from tests.queues.conftest import Inbox
+from tests.queues.helpers import event_records, eventually
+from tests.queues.test_engine import ROOT, publish
+
+COUNT = 3000
+BACKLOG = 20  # the crashing worker's: acks are applied at once, answered once durable
+
+
+def _stored(state_dir, queue: str):
+    store = QueueStore(queue_store_path(state_dir, queue))
+    try:
+        return store.load(lambda topic: None)
+    finally:
+        store.close()
+
+
+def _offset(bookmark: str) -> int:
+    return int(bookmark.split("|")[2])
+
+
+def test_a_sigkill_with_thousands_waiting_loses_none_and_keeps_their_order(
+    queue_config, engines, publisher, bootstrap, tmp_path
+):
+    config = queue_config(LeasePeriod="1h")
+    queue = config.queues[0].name
+    state_dir = tmp_path / "crashing"
+    publish(publisher, queue, range(COUNT))  # read at once: thousands wait behind 20 leases
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.queues.crash_child",
+            config.model_dump_json(by_alias=True),
+            str(state_dir),
+            str(BACKLOG),
+            "all",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+    )
+    acked: set[str] = set()
+    try:
+        while len(acked) < 400:  # acks answered one transaction at a time: checkpoints pass
+            verb, *bookmark = child.stdout.readline().split()
+            if verb == "acked":
+                acked.update(bookmark)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    acked.update(line.split()[1] for line in child.stdout if line.startswith("acked"))
+    stored = _stored(state_dir, queue)
+    assert stored is not None and stored.runs, "the waiting messages were noted as runs"
+    assert len(stored.entries) < COUNT // 10, "and not written to the store"
+    engine = engines(config, state_dir)
+    runtime = engine.runtimes[queue]
+    eventually(engine, lambda: runtime.state.positions[(queue, 0)] == COUNT, what="all read")
+    kept = {entry.bookmark for entry in runtime.state.entries.values()}
+    removed = {
+        format_bookmark(*event.id)
+        for record in event_records(engine, queue)
+        for event in record
+        if event.kind is EventKind.REMOVE
+    }
+    assert acked <= removed, "every ack answered is in the events log"
+    everything = {f"{queue}|0|{n}|" for n in range(COUNT)}
+    assert kept == everything - removed, "nothing lost, nothing removed comes back"
+    inbox = Inbox()
+    engine.subscribe(queue, inbox, session="s2", sub_id="after", max_backlog=1000)
+    first = sorted(kept, key=_offset)[:1000]
+    assert inbox.wait_for(len(first)) and inbox.bookmarks == first, "in their order"
+    assert sorted(e.seq for e in runtime.state.entries.values()) == [
+        e.seq for e in sorted(runtime.state.entries.values(), key=lambda e: e.id[2])
+    ], "each message read again keeps its arrival number"
+
+
+def test_waiting_messages_that_retention_deleted_are_said_lost_and_the_rest_served(
+    queue_config, engines, publisher, bootstrap, tmp_path, caplog
+):
+    config = queue_config()
+    queue = config.queues[0].name
+    publish(publisher, queue, range(10))
+    state_dir = tmp_path / "state"
+    engine = engines(config, state_dir)
+    inbox = Inbox()
+    handle = engine.subscribe(queue, inbox, session="s", sub_id="a", max_backlog=3)
+    engine.ack(queue, [m.bookmark for m in inbox.wait_for(3)], "s").result(10)
+    engine.unsubscribe(handle)
+    engine.stop()  # checkpoints: 3..9 waited only, left in the topic
+    stored = _stored(state_dir, queue)
+    assert stored is not None and not stored.entries and stored.runs
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deleted = admin.delete_records([TopicPartition(queue, 0, 6)])
+    assert next(iter(deleted.values())).result(10).low_watermark == 6  # "retention"
+    with caplog.at_level(logging.ERROR, logger="amps_on_kafka.processor.queue_runtime"):
+        again = engines(config, state_dir)
+    assert [m.data["n"] for m in again.browse(queue)] == list(range(6, 10))
+    lost = [r for r in caplog.records if getattr(r, "event", None) == "lost"]
+    assert [(r.count, r.partition) for r in lost] == [(3, 0)]
+    assert "offsets 3 to 5" in lost[0].getMessage()
+    again.stop()
+    caplog.clear()
+    third = engines(config, state_dir)  # the lost ones are out of the runs: said once
+    assert [m.data["n"] for m in third.browse(queue)] == list(range(6, 10))
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "lost"]
