@@ -115,9 +115,7 @@ impl Run {
     /// Some(whether produced) for the common case; None, having done nothing, for what
     /// `publish_encoded` decides.
     ///
-    /// `fresh` holds the route names whose partition counts this call found fresh: a
-    /// run takes microseconds, so each topic's count is checked once a run, not once a
-    /// record (the clock read and the comparisons were 1,000 instructions a record).
+    /// `fresh` holds the route names whose partition counts this run found fresh.
     fn common<'py>(
         &self,
         sink: &impl Sink,
@@ -139,17 +137,8 @@ impl Run {
         let Some((payload, key)) = Self::key(&payload, &extract, &field)? else {
             return Ok(None);
         };
-        let partitions = route.get_item(3)?;
-        if partitions.is_truthy()? && !fresh.iter().any(|known| known.is(&name)) {
-            if count_stale(
-                self.counts.bind(py),
-                self.monotonic.bind(py),
-                &name,
-                &partitions,
-            )? {
-                return Ok(None);
-            }
-            fresh.push(name.clone());
+        if !self.count_fresh(&name, &route.get_item(3)?, fresh)? {
+            return Ok(None);
         }
         let sequence = match given.is_none() {
             true => self.next_sequence(py)?,
@@ -195,6 +184,28 @@ impl Run {
         }
         let key = key_of(bytes, field.cast::<PyString>()?.to_str()?);
         Ok(key.map(|key| (payload, Some(key))))
+    }
+
+    /// Whether the route's partition count (`partitions`, 0 for a topic the producer's
+    /// partitioner places) is the cached one and unexpired: checked once a run for each
+    /// topic (`fresh`), as a run takes microseconds (the clock read and the comparisons
+    /// were 1,000 instructions a record).
+    fn count_fresh<'py>(
+        &self,
+        name: &Bound<'py, PyAny>,
+        partitions: &Bound<'py, PyAny>,
+        fresh: &mut Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<bool> {
+        if !partitions.is_truthy()? || fresh.iter().any(|known| known.is(name)) {
+            return Ok(true);
+        }
+        let py = name.py();
+        let (counts, monotonic) = (self.counts.bind(py), self.monotonic.bind(py));
+        if count_stale(counts, monotonic, name, partitions)? {
+            return Ok(false);
+        }
+        fresh.push(name.clone());
+        Ok(true)
     }
 
     /// `next(sequences)`.
