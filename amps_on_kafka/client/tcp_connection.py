@@ -1,10 +1,10 @@
 """The tcp:// client's connection to a gateway (client/tcp_transport.py holds the AMPS
-commands sent over it): the socket, the reader thread and the routes from replies to
-their waiters. A command registers a route before it sends: the reader decodes frames
-and routes each to a queue, deliveries by `sub_id`, replies by the command id `cid`, and
-the caller blocks on its queue. A failure frame with no route is a publish the gateway
-refused or Kafka did not persist: a failed write. A lost connection fails every waiter
-and every later call.
+commands sent over it): the socket and the routes from replies to their waiters. A
+command registers a route before it sends; whoever reads the socket (the caller itself
+when no other thread reads, else the reader thread: client/tcp_reader.py) decodes frames
+and routes each to a queue, deliveries by `sub_id`, replies by the command id `cid`. A
+failure frame with no route is a publish the gateway refused or Kafka did not persist: a
+failed write. A lost connection fails every waiter and every later call.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import itertools
 import logging
 import queue
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from typing import Any
@@ -22,12 +21,13 @@ from amps_on_kafka.client.acks import AckBatcher
 from amps_on_kafka.client.message import GatewayMessage, batch_messages
 from amps_on_kafka.client.stream import TICK_INTERVAL
 from amps_on_kafka.client.tcp_outbox import Outbox
+from amps_on_kafka.client.tcp_reader import SocketReader, read_in_slices
 from amps_on_kafka.client.tls import TlsOptions, TlsSocket
 from amps_on_kafka.errors import AmpsError, TransportError, server_error
 from amps_on_kafka.log.controls import TICK
 from amps_on_kafka.log.message import COMPLETED, Completed
 from amps_on_kafka.log.publisher import FailedWrite
-from amps_on_kafka.protocol.frames import READ_SIZE, Frame, FrameDecoder, encode_frame
+from amps_on_kafka.protocol.frames import Frame, encode_frame
 
 # the transport's log lines keep its logger name (client/tcp_transport.py)
 log = logging.getLogger("amps_on_kafka.client.tcp_transport")
@@ -35,7 +35,6 @@ log = logging.getLogger("amps_on_kafka.client.tcp_transport")
 COMMAND_TIMEOUT = 30.0  # seconds to wait for the gateway to answer a command
 CONNECT_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 10.0
-MAX_INBOUND_FRAME = 1 << 30  # the gateway bounds its frames; this only guards the decoder
 
 _ENDED = object()  # the application closed the stream
 _LOST = object()  # the connection is gone
@@ -43,8 +42,8 @@ Item = GatewayMessage | Completed
 
 
 class TcpConnection:
-    """A connected socket to a gateway, its reader thread and the reply routes: the part
-    of TcpTransport that sends a command and waits for its replies."""
+    """A connected socket to a gateway, who reads it and the reply routes: the part of
+    TcpTransport that sends a command and waits for its replies."""
 
     def __init__(self, address: str, tls: TlsOptions | None) -> None:
         self.address = address
@@ -58,7 +57,9 @@ class TcpConnection:
         self._failures: list[FailedWrite] = []
         self._failed_write_handler: Callable[[FailedWrite], None] | None = None
         self._lost: TransportError | None = None
-        self._reader = threading.Thread(target=self._read, name=f"amps-tcp-{address}", daemon=True)
+        self._reader = SocketReader(
+            self._sock, f"amps-tcp-{address}", self._route, self._lose, self._subs
+        )
         self._reader.start()
 
     # -- requests and replies -----------------------------------------------------------
@@ -100,7 +101,7 @@ class TcpConnection:
 
     def _reply(self, replies: queue.SimpleQueue, timeout: float | None) -> Frame:
         try:
-            frame = replies.get(timeout=timeout)
+            frame: Frame = self._reader.next(replies, timeout)
         except queue.Empty:
             raise TransportError(
                 f"no reply from the gateway at {self.address} in {timeout}s"
@@ -120,11 +121,14 @@ class TcpConnection:
         until_done: bool = False,
     ) -> Iterator[Item | object]:
         """Messages as they arrive, TICK after each quiet TICK_INTERVAL (the stream's
-        clock); ends when closed, or at the completed ack when `until_done`."""
+        clock); ends when closed, or at the completed ack when `until_done`. A command's
+        stream (a query) reads the socket for itself like its caller; a subscription's
+        waits for the reader thread, which reads while one is open (tcp_reader.py)."""
+        take = self._reader.next if routes is self._commands else _queued
         try:
             while True:
                 try:
-                    frame = replies.get(timeout=TICK_INTERVAL)
+                    frame = take(replies, TICK_INTERVAL)
                 except queue.Empty:
                     yield TICK
                     continue
@@ -173,20 +177,6 @@ class TcpConnection:
         if not self._outbox.put(encode_frame(header, payload), deferred=deferred):
             raise self._lost or TransportError(f"{self.address}: the connection is closed")
 
-    def _read(self) -> None:
-        decoder = FrameDecoder(MAX_INBOUND_FRAME)
-        reason = "the gateway closed the connection"
-        try:
-            while data := self._sock.recv(READ_SIZE):
-                for event in decoder.feed(data):
-                    if isinstance(event, Frame):
-                        self._route(event)
-                    else:
-                        log.warning("bad frame from the gateway: %s", event.reason)
-        except OSError as exc:
-            reason = f"connection to the gateway lost: {exc}"
-        self._lose(reason)
-
     def _lose(self, reason: str) -> None:
         """The connection is gone: fail whoever waits, and every later call."""
         if self._lost is None:
@@ -194,6 +184,7 @@ class TcpConnection:
         for routes in (self._commands, self._subs):
             for replies in list(routes.values()):
                 replies.put(_LOST)
+        self._reader.end()
 
     def _route(self, frame: Frame) -> None:
         header = frame.header
@@ -206,22 +197,27 @@ class TcpConnection:
             self._unrouted_failure(header)
 
     def _unrouted_failure(self, header: dict[str, Any]) -> None:
-        """A publish the gateway refused or Kafka did not persist: a failed write."""
+        """A publish the gateway refused or Kafka did not persist: a failed write. A
+        handler that raises is logged: the thread that read the frame (a caller, or the
+        reader thread) goes on routing the frames read with it."""
         if "s" not in header:
             log.warning("gateway: %s", header.get("reason"))
             return
         failure = FailedWrite(header.get("t", ""), header["s"], header.get("reason", "unknown"))
-        if self._failed_write_handler is not None:
-            self._failed_write_handler(failure)
-        else:
+        if self._failed_write_handler is None:
             self._failures.append(failure)
+            return
+        try:
+            self._failed_write_handler(failure)
+        except Exception:
+            log.exception("the failed-write handler raised for %s", failure)
 
     def _disconnect(self) -> None:
         self._outbox.close(CLOSE_TIMEOUT)
         with suppress(OSError):  # already gone
             self._sock.shutdown(socket.SHUT_RDWR)
+        self._reader.close(CLOSE_TIMEOUT)  # reads the end: whoever waits fails
         self._sock.close()
-        self._reader.join(CLOSE_TIMEOUT)
 
 
 def _connect(address: str, tls: TlsOptions | None) -> socket.socket | TlsSocket:
@@ -233,6 +229,7 @@ def _connect(address: str, tls: TlsOptions | None) -> socket.socket | TlsSocket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if tls is None:
         sock.settimeout(None)
+        read_in_slices(sock)
         return sock
     try:
         secured = TlsSocket(sock, tls.context(), host)  # the handshake, within the timeout
@@ -241,6 +238,7 @@ def _connect(address: str, tls: TlsOptions | None) -> socket.socket | TlsSocket:
         reason = exc.reason if isinstance(exc, AmpsError) else str(exc)
         raise TransportError(f"gateway at {address}: {reason}") from exc
     sock.settimeout(None)
+    read_in_slices(sock)  # after the handshake, which reads within CONNECT_TIMEOUT
     return secured
 
 
@@ -299,6 +297,11 @@ def _records(command: str, frame: Frame) -> Iterator[GatewayMessage]:
         end = offset + meta["n"]
         yield GatewayMessage(command, topic, meta, payload[offset:end], sub_id)
         offset = end
+
+
+def _queued(replies: queue.SimpleQueue, timeout: float) -> Any:
+    """A subscription's next item, routed by whoever reads (queue.Empty after `timeout`)."""
+    return replies.get(timeout=timeout)
 
 
 def _forget(routes: dict[str, queue.SimpleQueue], key: str, replies: queue.SimpleQueue) -> None:

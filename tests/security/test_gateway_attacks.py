@@ -24,6 +24,7 @@ from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.security.policy import PeerAccess
 from amps_on_kafka.security.users import PEER_USER
 from amps_on_kafka.server.peers import PeerLink
+from tests.client_tcp.test_reader_baton import callers_beside_a_flood
 from tests.polling import until
 from tests.security.gateway_fixtures import (
     FAILURE_DELAY,
@@ -309,6 +310,17 @@ def test_a_live_subscription_delivers_only_entitled_records(secured: Secured) ->
             carol.publish_flush(10)
             first = stream.next(timeout=WAIT)
             assert first is not None and first.data["desk"] == "fx"
+
+
+def test_callers_and_a_subscription_flood_share_one_tls_connection(secured: Secured) -> None:
+    """The reader baton over TLS (client/tcp_reader.py): callers read their own replies
+    through the connection's TLS state while its subscription takes a flood."""
+    suffix = uuid.uuid4().hex[:6]
+    with Client(f"carol-callers-{suffix}") as client, Client(f"carol-flood-{suffix}") as flooder:
+        for each in (client, flooder):
+            each.connect(secured.uri(cert="carol"))
+            each.logon(timeout=10)
+        callers_beside_a_flood(client, flooder, secured.orders)
 
 
 def test_a_replay_shows_only_entitled_records(secured: Secured) -> None:
