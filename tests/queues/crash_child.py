@@ -1,8 +1,8 @@
 """A queue worker to SIGKILL: `python -m tests.queues.crash_child CONFIG_JSON STATE_DIR
-[BACKLOG [all]]`.
+[BACKLOG [BELOW]]`.
 
 It subscribes to the queue with a large backlog (or BACKLOG), acknowledges every message
-whose `n` is even (every message, given `all`) and holds the others' leases. It prints
+whose `n` is even (or, given BELOW, below it) and holds the others' leases. It prints
 `acked <bookmark>` once an ack is durable (answered) and `held <bookmark>` for a lease
 it keeps, so the test knows what the queue must look like after the crash.
 """
@@ -33,14 +33,14 @@ def main() -> None:
     engine = QueueEngine(config, os.environ["KAFKA_BOOTSTRAP_SERVERS"], sys.argv[2])
     queue = config.queues[0].name
     backlog = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
-    ack_all = sys.argv[4:] == ["all"]
-
+    below = int(sys.argv[4]) if len(sys.argv) > 4 else None
     to_ack: SimpleQueue[str] = SimpleQueue()
 
     def deliver(message: QueueMessage) -> None:
-        if message.data["n"] % 2 and not ack_all:
+        n = message.data["n"]
+        if n % 2 if below is None else n >= below:
             say(f"held {message.bookmark}")
-        elif ack_all:  # from another thread: an ack's dispatch would call deliver again
+        elif below is not None:  # from another thread: an ack's dispatch calls deliver
             to_ack.put(message.bookmark)
         else:
             ack(message.bookmark)
