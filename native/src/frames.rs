@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyByteArray, PyByteArrayMethods, PyBytes, PyList, PyString};
+use pyo3::types::{PyBool, PyByteArray, PyByteArrayMethods, PyBytes, PyList, PyString, PyTuple};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 
 use crate::json_scan;
@@ -207,6 +207,52 @@ fn split_frames<'py>(
     Ok((events, pos))
 }
 
+/// `plain_extent(events, start, last, room, overhead, takes)`: the twin's
+/// (server/publishing.py, `plain_extent_twin`) `(end, size)` of the run of Publish tuples
+/// from `events[start]` before `last` whose topics `takes` (asked once a topic) and whose
+/// payloads plus `overhead` each fit `room` bytes in all, with no Python frame an event.
+#[pyfunction]
+fn plain_extent(
+    events: &Bound<'_, PyList>,
+    start: usize,
+    last: usize,
+    room: i64,
+    overhead: i64,
+    takes: &Bound<'_, PyAny>,
+) -> PyResult<(usize, i64)> {
+    let mut known: Vec<(Bound<'_, PyAny>, bool)> = Vec::new();
+    let (mut position, mut size) = (start, 0i64);
+    while position < last {
+        let event = events.get_item(position)?;
+        let Ok(event) = event.cast_exact::<PyTuple>() else {
+            break;
+        };
+        let topic = event.get_item(0)?;
+        let mut taken = None;
+        for (name, verdict) in &known {
+            if name.is(&topic) || name.eq(&topic)? {
+                taken = Some(*verdict);
+                break;
+            }
+        }
+        let taken = match taken {
+            Some(taken) => taken,
+            None => {
+                let verdict = takes.call1((&topic,))?.is_truthy()?;
+                known.push((topic, verdict));
+                verdict
+            }
+        };
+        let cost = event.get_item(2)?.len()? as i64 + overhead;
+        if !taken || size + cost > room {
+            break;
+        }
+        size += cost;
+        position += 1;
+    }
+    Ok((position, size))
+}
+
 /// `publish_key(payload, field)`: the twin's `payload_key` — the SOW key (the text, or an
 /// integer's digits) when the JSON payload is an object whose top-level `field` holds one;
 /// None, with no field, when the payload is JSON; False when the twin must decide (not
@@ -239,5 +285,6 @@ pub(crate) fn valid(payload: &[u8]) -> bool {
 
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(split_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(plain_extent, m)?)?;
     m.add_function(wrap_pyfunction!(publish_key, m)?)
 }

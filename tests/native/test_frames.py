@@ -18,6 +18,7 @@ import struct
 from unittest import mock
 
 import orjson
+import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ from amps_on_kafka.log.one_frame_publishers import payload_key
 from amps_on_kafka.native import core
 from amps_on_kafka.protocol import frames
 from amps_on_kafka.protocol.frames import Event, Frame, FrameDecoder, plain_publish
+from amps_on_kafka.server.publishing import plain_extent_twin
 
 LIMIT = 200  # the decoders' frame limit: some frames drawn are larger
 
@@ -253,3 +255,42 @@ def test_a_plain_key_is_read_by_the_core():
     assert core.publish_key(b'\t{"id" : "k" ,"v":{"id":2}}\r\n', "id") == "k"
     assert core.publish_key(b'{"v": "\\"\\u00e9", "id": 1' + b"0" * 18 + b"}", "id") == str(10**18)
     assert core.publish_key(b'{"id": "\xc3\xa9", "v": [-0.5E-99, 1e99]}', "id") == "\u00e9"
+
+
+# -- the run of plain publishes a read's batch may take (plain_extent) ------------------
+@st.composite
+def runs(draw) -> tuple[list[Event], int, int, int, set[str]]:
+    """Events as a read gives them (Publish tuples, now and then a Frame), a start and
+    end within them, a byte room and the topics taken."""
+    topics = st.sampled_from(["a", "b", "é"])
+    publish = st.tuples(topics, st.none() | st.integers(0, 9), st.binary(max_size=40))
+    frame = st.just(Frame({"c": "flush"}, b""))
+    events = draw(st.lists(publish | frame | publish, max_size=12))
+    start = draw(st.integers(0, len(events)))
+    last = draw(st.integers(start, len(events)))
+    return events, start, last, draw(st.integers(-1, 400)), draw(st.sets(topics))
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs(), st.sampled_from([0, 16]))
+def test_the_compiled_extent_of_a_run_is_the_twins(run, overhead):
+    events, start, last, room, taken = run
+    asked: dict[str, list[str]] = {"compiled": [], "twin": []}
+
+    def takes(side: str):  # a topic's verdict is asked once a run, by either
+        return lambda topic: asked[side].append(topic) or topic in taken
+
+    compiled = core.plain_extent(events, start, last, room, overhead, takes("compiled"))
+    twin = plain_extent_twin(events, start, last, room, overhead, takes("twin"))
+    assert compiled == twin
+    assert asked["compiled"] == asked["twin"]
+
+
+def test_an_extent_whose_topic_check_raises_raises_the_same():
+    def takes(topic: str) -> bool:
+        raise KeyError(topic)
+
+    events = [("a", None, b"{}")]
+    for extent in (core.plain_extent, plain_extent_twin):
+        with pytest.raises(KeyError, match="a"):
+            extent(events, 0, 1, 100, 0, takes)
