@@ -162,11 +162,10 @@ class DeliveryPump:
         while not self._stop.is_set():
             try:
                 fatal = self._serve(self._producer)
+                if fatal is not None and self.fatal is None:
+                    self._replace(fatal)
             except Exception:  # a bug in a report's handling: the others must still be served
                 log.exception("handling Kafka's delivery reports failed")
-                continue
-            if fatal is not None and self.fatal is None:
-                self._replace(fatal)
 
     def _serve(self, producer: SharedProducer) -> KafkaError | None:
         """One poll's reports served; the producer's fatal error, if it raised one

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
 import time
+import traceback
 from collections import Counter
+from collections.abc import Callable
 
 import orjson
 
@@ -51,6 +54,7 @@ class Storm:
         host, _, port = address.rpartition(":")
         self.plain = plain  # plain publishes (no acks asked: the gateway's batch path)
         self.topic = topic
+        self.state: Callable[[], str] = str  # what the gateway holds, said on a timeout
         self.sock = socket.create_connection((host, int(port)), timeout=WAIT)
         self.sent = 0
         self.acks: list[dict] = []
@@ -90,11 +94,30 @@ class Storm:
         with self.changed:
             assert self.changed.wait_for(lambda: test(self.acks), WAIT), (
                 f"no {what} in time: {self.sent} sent, {self.successes()} persisted, "
-                f"{len(self.acks) - self.successes()} failed, the last answer {self.acks[-1:]}"
+                f"{len(self.acks) - self.successes()} failed, the last answer {self.acks[-1:]}; "
+                f"{self.state()}"
             )
 
     def successes(self) -> int:
         return sum(1 for a in self.acks if a["status"] == "success")
+
+
+def gateway_state(gateway: Gateway) -> str:
+    """What a stalled storm needs to be explained: the budget, the producer's queue, the
+    pump, and what the gateway's pool threads are doing."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    pool = [
+        f"{names[ident]}: "
+        + " < ".join(f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_stack(frame)[-5:]))
+        for ident, frame in sys._current_frames().items()
+        if names.get(ident, "").startswith("amps-gateway-work")
+    ]
+    budget, pump = gateway.budget, gateway.pump
+    return (
+        f"budget {budget.commands} commands {budget.bytes} bytes, {len(budget._waiting)} "
+        f"waiting; producer holds {len(gateway.producer)}, fatal {pump.fatal}; pump alive "
+        f"{pump._thread.is_alive()}, {len(pump._outcomes)} outcomes to hand over; pool {pool}"
+    )
 
 
 def in_flight(gateway: Gateway) -> int:
@@ -131,6 +154,7 @@ def test_a_broker_outage_under_a_publish_storm_loses_nothing_acknowledged(
     engine = SowEngine(Config(), {}, now_ms)
     with Gateway(engine, bootstrap, listen="127.0.0.1:0", settings=settings) as gateway:
         storm = Storm(gateway.address)  # type: ignore[arg-type]
+        storm.state = lambda: gateway_state(gateway)
         sender = threading.Thread(target=storm.run, daemon=True)
         sender.start()
         storm.wait_for("publishes persisted", lambda acks: len(acks) >= 1000)
