@@ -9,8 +9,10 @@ Kafka key: that keeps one SOW key in one partition, in one order.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -131,7 +133,11 @@ class Covering(Generic[T]):
     those asking meanwhile share its call."""
 
     def __init__(self, fetch: Callable[[], T], interval: float = 0.0) -> None:
-        self._fetch = fetch
+        # a registry's bound method held weakly: no cycle keeping a registry (its admin
+        # client and that client's threads) alive until the garbage collector runs
+        self._fetch: Callable[[], Callable[[], T] | None] = (
+            weakref.WeakMethod(fetch) if inspect.ismethod(fetch) else lambda: fetch
+        )
         self._interval = interval
         self._changed = threading.Condition()
         self.calls = 0  # begun
@@ -153,7 +159,7 @@ class Covering(Generic[T]):
             self.calls += 1
             number, self._began = self.calls, time.monotonic()
         try:
-            result: tuple[bool, Any] = (True, self._fetch())
+            result: tuple[bool, Any] = (True, self._fetch()())  # type: ignore[misc]
         except Exception as exc:  # every caller sharing this call is told
             result = (False, exc)
         with self._changed:
