@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from amps_on_kafka.errors import MessageError, PublishError
+from tests.polling import until
 
 NOISE = base64.b64encode(os.urandom(12_000)).decode()  # incompressible, unlike "x" * n
 
@@ -20,6 +21,9 @@ def small_topic(bootstrap: str) -> str:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     config = {"max.message.bytes": "2048", "message.timestamp.type": "LogAppendTime"}
     admin.create_topics([NewTopic(name, 1, 1, config=config)])[name].result(30)
+    # usable once Kafka's metadata lists it (the creation answers before): a publish
+    # asked sooner is refused as an unknown topic (docs/operations.md)
+    until(lambda: name in admin.list_topics(timeout=10).topics, "the topic in metadata", 10.0)
     return name
 
 
