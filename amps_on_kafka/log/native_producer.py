@@ -127,6 +127,16 @@ def own_producer(
     return log_producer(bootstrap, **config) if compiled is None else compiled
 
 
+def fatal_text(producer: Any) -> str | None:
+    """A compiled producer's fatal error as text, else None (confluent-kafka's raises it
+    from poll instead). Asked when a purged record is reported before its owner saw the
+    error: librdkafka purges the queue as it fails, and the poll serving the purge
+    reports comes before the owner's next question."""
+    fatal = getattr(producer, "fatal", None)
+    error = None if fatal is None else fatal()
+    return None if error is None else error.str()  # type: ignore[no-any-return]
+
+
 def flush_all(producer: Any, timeout: float) -> None:
     """Serve every report of a producer (either kind) that failed fatally, up to
     `timeout`. By poll, not flush: confluent-kafka's flush goes on calling delivery

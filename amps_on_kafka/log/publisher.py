@@ -29,7 +29,13 @@ from amps_on_kafka.log.envelope import (
 )
 from amps_on_kafka.log.kafka import PRODUCER_PARTITIONER, partitions_of
 from amps_on_kafka.log.keys import partition_for
-from amps_on_kafka.log.native_producer import PURGED, CompiledProducer, flush_all, own_producer
+from amps_on_kafka.log.native_producer import (
+    PURGED,
+    CompiledProducer,
+    fatal_text,
+    flush_all,
+    own_producer,
+)
 from amps_on_kafka.log.one_frame_publishers import POLL_EVERY, OneFramePublishers, Route
 from amps_on_kafka.log.registry import TopicRegistry, TopicSpec
 from amps_on_kafka.log.sow_deletes import SowDeletes
@@ -353,8 +359,9 @@ class LogPublisher(OneFramePublishers, SowDeletes):
         if error is None:
             return
         reason = error.str()
-        if self._fatal is not None and error.code() in PURGED:
-            reason += f" (the producer failed fatally: {self._fatal}; publish again)"
+        fatal = (self._fatal or fatal_text(self._producer)) if error.code() in PURGED else None
+        if fatal is not None:
+            reason += f" (the producer failed fatally: {fatal}; publish again)"
         failure = FailedWrite(message.topic(), sequence, reason)
         if self.on_failed_write is not None:
             self.on_failed_write(failure)

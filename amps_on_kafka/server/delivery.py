@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from amps_on_kafka.errors import PublishError
-from amps_on_kafka.log.native_producer import PURGED, CompiledProducer, flush_all
+from amps_on_kafka.log.native_producer import PURGED, CompiledProducer, fatal_text, flush_all
 from amps_on_kafka.log.publisher import Persisted
 from amps_on_kafka.processor.memory import release_freed_memory
 
@@ -138,10 +138,11 @@ class DeliveryPump:
         purged after a fatal error, which error and that it was not written."""
         if error.code() == KafkaError._MSG_TIMED_OUT:
             return f"Kafka did not acknowledge within {self._timeout:g}s: {error.str()}"
-        if self.fatal is not None and error.code() in PURGED:
+        fatal = (self.fatal or fatal_text(self._producer)) if error.code() in PURGED else None
+        if fatal is not None:
             return (
                 f"Kafka did not persist the message: {error.str()} (the gateway's producer "
-                f"failed fatally: {self.fatal}; it is replaced, publish again)"
+                f"failed fatally: {fatal}; it is replaced, publish again)"
             )
         return f"Kafka did not persist the message: {error.str()}"
 
