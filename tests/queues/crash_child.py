@@ -5,13 +5,20 @@ It subscribes to the queue with a large backlog (or BACKLOG), acknowledges every
 whose `n` is even (or, given BELOW, below it) and holds the others' leases. It prints
 `acked <bookmark>` once an ack is durable (answered) and `held <bookmark>` for a lease
 it keeps, so the test knows what the queue must look like after the crash.
+
+The tests start it with `crashing`, which SIGKILLs it however the test's block ends.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from queue import SimpleQueue
 
 import orjson
@@ -20,6 +27,35 @@ from amps_on_kafka.config import Config
 from amps_on_kafka.processor.queues import QueueEngine, QueueMessage
 
 _print_lock = threading.Lock()
+ROOT = Path(__file__).parents[2]  # where `-m tests.queues.crash_child` is found
+
+
+@contextmanager
+def crashing(
+    config: Config, state_dir: Path, bootstrap: str, *args: int
+) -> Iterator[subprocess.Popen[str]]:
+    """This module's worker for `config` (its state in `state_dir`, Kafka at `bootstrap`,
+    BACKLOG and BELOW as `args`), its lines on the child's stdout; SIGKILLed when the
+    block ends, as it raised or not, so no test leaves a worker behind."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.queues.crash_child",
+            config.model_dump_json(by_alias=True),
+            str(state_dir),
+            *map(str, args),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+    )
+    try:
+        yield child
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
 
 
 def say(line: str) -> None:

@@ -4,15 +4,10 @@ only once durable, leases in real time, dead letters, browsing, and recovery."""
 from __future__ import annotations
 
 import gc
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 import weakref
-from pathlib import Path
 
 import orjson
 import pytest
@@ -31,9 +26,8 @@ from amps_on_kafka.state.queue_store import encode_events
 from amps_on_kafka.state.queue_types import EventKind
 from tests.conftest import create_topic, delete_topics
 from tests.queues.conftest import Inbox
+from tests.queues.crash_child import crashing
 from tests.queues.helpers import FakeClock, event_records, eventually
-
-ROOT = Path(__file__).parents[2]
 
 
 def publish(publisher, queue: str, numbers, **extra) -> None:
@@ -375,29 +369,13 @@ def test_sigkill_loses_no_unacknowledged_message_and_redelivers_no_acknowledged_
     config = queue_config(LeasePeriod="1h", Semantics=semantics)
     queue = config.queues[0].name
     state_dir = tmp_path / "crashing"
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.queues.crash_child",
-            config.model_dump_json(by_alias=True),
-            str(state_dir),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
-    )
-    try:
+    with crashing(config, state_dir, bootstrap) as child:
         assert child.stdout.readline().strip() == "ready"
         publish(publisher, queue, range(20))
         seen: dict[str, set[str]] = {"acked": set(), "held": set()}
         while len(seen["acked"]) + len(seen["held"]) < 20:
             verb, bookmark = child.stdout.readline().split()
             seen[verb].add(bookmark)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
     engine = engines(config, state_dir)
     inbox = Inbox()
     engine.subscribe(queue, inbox, session="s2", sub_id="after", max_backlog=1000)

@@ -7,10 +7,6 @@ said lost in one log line, and the queue serves the rest."""
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -21,8 +17,9 @@ from amps_on_kafka.state.queue_store import QueueStore, queue_store_path
 from amps_on_kafka.state.queue_store_runs import _UnstoredRunsTwin, members
 from amps_on_kafka.state.queue_types import EventKind, QueueEntry, QueueEvent, QueuePolicy, Reason
 from tests.queues.conftest import Inbox
+from tests.queues.crash_child import crashing
 from tests.queues.helpers import eventually
-from tests.queues.test_engine import ROOT, publish
+from tests.queues.test_engine import publish
 
 COUNT = 3000
 ACKED = 500  # the crashing worker acks the messages below it and holds the rest's leases
@@ -48,30 +45,12 @@ def test_a_sigkill_with_thousands_waiting_loses_none_and_keeps_their_order(
     queue = config.queues[0].name
     state_dir = tmp_path / "crashing"
     publish(publisher, queue, range(COUNT))  # read at once
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.queues.crash_child",
-            config.model_dump_json(by_alias=True),
-            str(state_dir),
-            str(BACKLOG),
-            str(ACKED),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
-    )
     acked: set[str] = set()
     held: set[str] = set()
-    try:
+    with crashing(config, state_dir, bootstrap, BACKLOG, ACKED) as child:
         while len(acked) < ACKED or len(held) < BACKLOG:  # each ack answered: durable
             verb, *bookmark = child.stdout.readline().split()
             {"acked": acked, "held": held}.get(verb, set()).update(bookmark)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
     stored = _stored(state_dir, queue)
     assert stored is not None and stored.runs, "the waiting messages were noted as runs"
     assert len(stored.entries) < COUNT // 10, "and not written to the store"
