@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import replace
 from functools import partial
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -86,24 +88,26 @@ class DeliveryBatch:
         self.payloads: list[bytes] = []
         self.size = 0
 
-    def add(self, rec: bytes, payload: bytes) -> bool:
-        """Add one message (its `recs` entry, `n` included); False once the batch is
-        full (the next opens another)."""
-        self.recs.append(rec)
-        self.payloads.append(payload)
-        self.size += len(payload)
-        return len(self.recs) < BATCH_RECORDS and self.size < BATCH_BYTES
+    def add_run(self, recs: list[bytes], payloads: list[bytes], at: int, size: int) -> int:
+        """Add `recs[at:]` (each entry with its `n`; `payloads[at:]`, `size` bytes in all)
+        up to the message that makes the batch `full`, in two list extends: the index
+        after the last one added. The batch is then full, or holds the whole run."""
+        end = min(len(recs), at + BATCH_RECORDS - len(self.recs))
+        if self.size + size >= BATCH_BYTES:  # the bytes may close it first: where?
+            ends = list(accumulate(map(len, payloads[at:end]), initial=self.size))
+            end = min(end, at + bisect_left(ends, BATCH_BYTES, 1))
+            self.size = ends[end - at]
+        else:
+            self.size += size if end == len(recs) else sum(map(len, payloads[at:end]))
+        self.recs.extend(recs[at:end])
+        self.payloads.extend(payloads[at:end])
+        return end
 
-    def add_all(self, recs: list[bytes], payloads: list[bytes], size: int) -> bool:
-        """Add a whole burst (each rec with its `n`, `size` bytes of payload) when the
-        batch stays open after it, as `add` would leave it one by one; else add nothing
-        and return False (the caller adds one at a time, closing batches on the way)."""
-        if len(self.recs) + len(recs) >= BATCH_RECORDS or self.size + size >= BATCH_BYTES:
-            return False
-        self.recs.extend(recs)
-        self.payloads.extend(payloads)
-        self.size += size
-        return True
+    @property
+    def full(self) -> bool:
+        """Whether the batch is closed: it holds BATCH_RECORDS messages or their
+        payloads reach BATCH_BYTES (the next message opens another)."""
+        return len(self.recs) >= BATCH_RECORDS or self.size >= BATCH_BYTES
 
     def encode(self) -> bytes:
         header = b"".join((self.head, b",".join(self.recs), b"]}"))
@@ -185,15 +189,19 @@ class QueueService:
         """Any thread: a burst of deliveries (recs entries as JSON, payloads of
         `size` bytes in all) to a batched subscription joins its open batch from `queue`,
         sent in order with the other frames of the burst: one lock and one wake-up for
-        the burst, and one list extend while the batch stays open."""
+        the burst, and two list extends for each batch the burst joins (a full one
+        closes on the way), not a call a message."""
         if not recs:  # every message of the burst failed: no frame
             return
-        key = (sub, queue)
+        key, at, count = (sub, queue), 0, len(recs)
         with self._outbox_lock:
-            if not self._open_batch(key).add_all(recs, payloads, size):
-                for rec, payload in zip(recs, payloads, strict=True):
-                    if not self._open_batch(key).add(rec, payload):
-                        del self._open[key]  # full: the next message opens another
+            while at < count:
+                batch = self._open_batch(key)
+                held = batch.size
+                at = batch.add_run(recs, payloads, at, size)
+                size -= batch.size - held  # the bytes of payloads[at:]
+                if batch.full:
+                    del self._open[key]  # the next message opens another
         self._wake()
 
     def _open_batch(self, key: tuple[QueueSubscriber, str]) -> DeliveryBatch:

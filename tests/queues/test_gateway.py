@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amps_on_kafka import AsyncClient
 from amps_on_kafka.config import Config
@@ -20,6 +22,7 @@ from amps_on_kafka.log.registry import TopicSpec
 from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.worker import Worker
 from amps_on_kafka.protocol.frames import FrameDecoder, encode_frame
+from amps_on_kafka.server import queues
 from amps_on_kafka.server.queues import (
     BATCH_BYTES,
     BATCH_RECORDS,
@@ -260,14 +263,58 @@ def test_option_batch_delivers_a_burst_as_frames_of_records(serve, clients, queu
 def test_a_delivery_batch_closes_at_its_bounds_and_encodes_as_one_frame():
     batch = DeliveryBatch("s", "q")
     rec = orjson.dumps({"bm": "q|0|1|", "n": 2})
-    assert all(batch.add(rec, b"{}") for n in range(BATCH_RECORDS - 1))
-    assert not batch.add(rec, b"{}")  # full by count
+    more = BATCH_RECORDS - 1
+    assert batch.add_run([rec] * more, [b"{}"] * more, 0, 2 * more) == more
+    assert not batch.full
+    assert batch.add_run([rec] * 2, [b"{}"] * 2, 0, 4) == 1  # full by count at the first
+    assert batch.full
     [frame] = FrameDecoder(1 << 30).feed(batch.encode())
     assert (frame.header["c"], frame.header["sub_id"], frame.header["t"]) == ("publish", "s", "q")
     assert frame.header["recs"] == [{"bm": "q|0|1|", "n": 2}] * BATCH_RECORDS
     assert len(frame.payload) == 2 * BATCH_RECORDS
     big = DeliveryBatch("s", "q")
-    assert not big.add(rec, b"x" * BATCH_BYTES)  # full by bytes
+    assert big.add_run([rec] * 2, [b"x" * BATCH_BYTES, b""], 0, BATCH_BYTES) == 1
+    assert big.full  # by bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    bursts=st.lists(st.lists(st.integers(0, 40), max_size=30), max_size=8),
+    records=st.integers(1, 12),
+    limit=st.integers(1, 120),
+)
+def test_bursts_join_batches_as_one_message_at_a_time_would(bursts, records, limit):
+    """post_batched joins a burst to its subscription's open batch in runs; the frames are
+    the ones a message at a time makes: a batch closes at the message that brings it to
+    BATCH_RECORDS messages or BATCH_BYTES of payload, and the next one opens another.
+    (Small bounds, so both close batches, alone and together, mid-burst and at its end.)"""
+    expected: list[list[bytes]] = []
+    closed = True
+    for burst in bursts:
+        for size in burst:
+            if closed:
+                expected.append([])
+            expected[-1].append(b"x" * size)
+            closed = len(expected[-1]) >= records or sum(map(len, expected[-1])) >= limit
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(queues, "BATCH_RECORDS", records)
+            patch.setattr(queues, "BATCH_BYTES", limit)
+            engine = SimpleNamespace(on_ownership=lambda listener: None)
+            service = QueueService(engine, loop)  # type: ignore[arg-type]
+            session = SimpleNamespace(gateway=SimpleNamespace(queues=service))
+            sub = QueueSubscriber(session, "s1", batched=True)  # type: ignore[arg-type]
+            for burst in bursts:
+                payloads = [b"x" * size for size in burst]
+                recs = [b"{}"] * len(burst)
+                service.post_batched(sub, "q", recs, payloads, sum(burst))
+            batches = [batch for _, batch in service._outbox]
+    finally:
+        loop.close()
+    assert [batch.payloads for batch in batches] == expected
+    assert [batch.size for batch in batches] == [sum(map(len, b)) for b in expected]
+    assert [len(batch.recs) for batch in batches] == [len(b) for b in expected]
 
 
 def test_a_delivery_batch_header_is_the_dict_orjson_writes():
@@ -275,8 +322,7 @@ def test_a_delivery_batch_header_is_the_dict_orjson_writes():
     the header as a dict, for a name that needs escaping and for an empty batch too."""
     for recs in ([], [{"bm": "q|0|1|", "ts": 5, "n": 0}], [{"n": 1}, {"n": 2}]):
         batch = DeliveryBatch('s"\\1', "q\n")
-        for rec in recs:
-            batch.add(orjson.dumps(rec), b"")
+        batch.add_run([orjson.dumps(rec) for rec in recs], [b""] * len(recs), 0, 0)
         header = {"c": "publish", "sub_id": 's"\\1', "t": "q\n", "recs": recs}
         assert batch.encode() == encode_frame(header, b"")
 
