@@ -20,7 +20,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
-use crate::queue_messages::{exact_i64, Layout};
+use crate::queue_messages::{exact_i64, Layout, TopicText};
 use crate::records::replace;
 use crate::scans::{escape_into, push_int};
 
@@ -80,9 +80,13 @@ struct Parts<'py> {
     permissive: bool,
 }
 
-/// Where a call puts its events: the run at the outbox's end, if there is one.
+/// Where a call puts its events: the run at the outbox's end, if there is one; the
+/// topics' escaped text, and the JSON of the event being written (reused, not made an
+/// ack).
 struct Sink<'py> {
     run: Option<Bound<'py, EventRun>>,
+    topics: TopicText<'py>,
+    json: Vec<u8>,
 }
 
 #[pymethods]
@@ -133,7 +137,11 @@ impl AckApplier {
     ) -> PyResult<(usize, usize)> {
         let py = state.py();
         let parts = self.parts(state)?;
-        let mut sink = Sink { run: None };
+        let mut sink = Sink {
+            run: None,
+            topics: TopicText::new(true),
+            json: Vec::with_capacity(64),
+        };
         if let Ok(last) = parts.events.get_item(parts.events.len().wrapping_sub(1)) {
             sink.run = last.cast_into::<EventRun>().ok();
         }
@@ -199,7 +207,7 @@ impl AckApplier {
         let Some([holder_session, outstanding]) = self.subscription.read(&holder) else {
             return Ok(false);
         };
-        if !parts.permissive && !holder_session.eq(session)? {
+        if !parts.permissive && !holder_session.is(session) && !holder_session.eq(session)? {
             return Ok(false);
         }
         let Some(holder_leases) = parts.leased_by.get_item(&holder)? else {
@@ -238,8 +246,7 @@ impl AckApplier {
         id: &Bound<'py, PyAny>,
     ) -> PyResult<()> {
         let py = id.py();
-        let mut json = Vec::with_capacity(64);
-        if self.event_json(&mut json, id).is_none() {
+        if self.event_json(sink, id).is_none() {
             let fields = (self.remove.bind(py), id, 0, 0, self.ack.bind(py));
             let event = self
                 .tuple_new
@@ -265,22 +272,22 @@ impl AckApplier {
         if !run.json.is_empty() {
             run.json.push(b',');
         }
-        run.json.extend_from_slice(&json);
+        run.json.extend_from_slice(&sink.json);
         Ok(())
     }
 
-    /// `["remove","topic",partition,offset,0,0,"ack"]` for an id of an exact str and two
-    /// exact ints of 64 bits; None for another.
-    fn event_json(&self, out: &mut Vec<u8>, id: &Bound<PyAny>) -> Option<()> {
+    /// `["remove","topic",partition,offset,0,0,"ack"]` into `sink.json` for an id of an
+    /// exact str and two exact ints of 64 bits; None for another.
+    fn event_json<'py>(&self, sink: &mut Sink<'py>, id: &Bound<'py, PyAny>) -> Option<()> {
         let id = id.cast_exact::<PyTuple>().ok()?;
         if id.len() != 3 {
             return None;
         }
-        let topic = id.get_item(0).ok()?;
-        let topic = topic.cast_exact::<PyString>().ok()?.to_str().ok()?;
+        let out = &mut sink.json;
+        out.clear();
         out.extend_from_slice(&self.head);
         out.push(b'"');
-        escape_into(out, topic);
+        sink.topics.write(out, id.get_item(0).ok()?)?;
         out.push(b'"');
         for at in [1, 2] {
             out.push(b',');

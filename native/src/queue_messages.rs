@@ -128,8 +128,9 @@ impl MessageMaker {
     ) -> PyResult<Bound<'py, PyList>> {
         let py = queue.py();
         let messages = PyList::empty(py);
+        let mut topics = TopicText::new(false);
         for delivery in deliveries.iter() {
-            let made = match self.common(queue, &delivery, now)? {
+            let made = match self.common(queue, &delivery, now, &mut topics)? {
                 Some(message) => message,
                 None => {
                     let one = PyList::new(py, [&delivery])?;
@@ -150,6 +151,7 @@ impl MessageMaker {
         queue: &Bound<'py, PyAny>,
         delivery: &Bound<'py, PyAny>,
         now: &Bound<'py, PyAny>,
+        topics: &mut TopicText<'py>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some([subscription, entry, until]) = self.delivery.read(delivery) else {
             return Ok(None);
@@ -160,7 +162,7 @@ impl MessageMaker {
         ) else {
             return Ok(None);
         };
-        let Some(bookmark) = bookmark(&id) else {
+        let Some(bookmark) = bookmark(&id, topics) else {
             return Ok(None);
         };
         let lease = if until.is_none() {
@@ -195,33 +197,69 @@ impl MessageMaker {
 
 /// `topic|partition|offset|` (`format_bookmark`) for an id of an exact str and two exact
 /// ints that fit 64 bits; None for anything else, which the twin formats.
-fn bookmark<'py>(id: &Bound<'py, PyAny>) -> Option<Bound<'py, PyString>> {
+fn bookmark<'py>(
+    id: &Bound<'py, PyAny>,
+    topics: &mut TopicText<'py>,
+) -> Option<Bound<'py, PyString>> {
     let mut text = Vec::with_capacity(48);
-    push_bookmark(&mut text, id, false)?;
+    push_bookmark(&mut text, id, topics)?;
     let text = String::from_utf8(text).ok()?;
     Some(PyString::new(id.py(), &text))
 }
 
-/// Appends the bookmark of `id` (see `bookmark`), its topic escaped as in a JSON string
-/// when `escaped`; None (with `out` partly written) for an id `bookmark` leaves.
-fn push_bookmark(out: &mut Vec<u8>, id: &Bound<PyAny>, escaped: bool) -> Option<()> {
+/// Appends the bookmark of `id` (see `bookmark`), its topic written by `topics`; None
+/// (with `out` partly written) for an id `bookmark` leaves.
+fn push_bookmark<'py>(
+    out: &mut Vec<u8>,
+    id: &Bound<'py, PyAny>,
+    topics: &mut TopicText<'py>,
+) -> Option<()> {
     let id = id.cast_exact::<PyTuple>().ok()?;
     if id.len() != 3 {
         return None;
     }
-    let topic = id.get_item(0).ok()?;
-    let topic = topic.cast_exact::<PyString>().ok()?.to_str().ok()?;
-    if escaped {
-        escape_into(out, topic);
-    } else {
-        out.extend_from_slice(topic.as_bytes());
-    }
+    topics.write(out, id.get_item(0).ok()?)?;
     for at in [1, 2] {
         out.push(b'|');
         push_int(out, exact_i64(&id.get_item(at).ok()?)?);
     }
     out.push(b'|');
     Some(())
+}
+
+/// A topic's text as written into a bookmark or an event, escaped as in a JSON string or
+/// as it is, kept for the last topic object written: the ids of a burst or an ack share
+/// their topic's object (`acks.rs`, the entries' ids), so it is read and escaped once.
+pub(crate) struct TopicText<'py> {
+    escaped: bool,
+    topic: Option<Bound<'py, PyAny>>,
+    text: Vec<u8>,
+}
+
+impl<'py> TopicText<'py> {
+    pub(crate) fn new(escaped: bool) -> Self {
+        Self {
+            escaped,
+            topic: None,
+            text: Vec::new(),
+        }
+    }
+
+    /// Appends the text of `topic`, an exact str; None (nothing written) for another.
+    pub(crate) fn write(&mut self, out: &mut Vec<u8>, topic: Bound<'py, PyAny>) -> Option<()> {
+        if !self.topic.as_ref().is_some_and(|last| last.is(&topic)) {
+            let text = topic.cast_exact::<PyString>().ok()?.to_str().ok()?;
+            self.text.clear();
+            if self.escaped {
+                escape_into(&mut self.text, text);
+            } else {
+                self.text.extend_from_slice(text.as_bytes());
+            }
+            self.topic = Some(topic);
+        }
+        out.extend_from_slice(&self.text);
+        Some(())
+    }
 }
 
 /// The value of an exact int (not a bool) that fits 64 bits.
@@ -275,10 +313,11 @@ impl BurstWriter {
             return Ok((at, size));
         };
         let mut rec = Vec::with_capacity(96);
+        let mut topics = TopicText::new(true);
         while at < deliveries.len() {
             let delivery = deliveries.get_item(at)?;
             rec.clear();
-            let Some(payload) = self.rec(&delivery, now, plain, &mut rec) else {
+            let Some(payload) = self.rec(&delivery, now, plain, &mut topics, &mut rec) else {
                 break;
             };
             size += payload.as_bytes().len();
@@ -298,6 +337,7 @@ impl BurstWriter {
         delivery: &Bound<'py, PyAny>,
         now: i64,
         plain: &Bound<PyAny>,
+        topics: &mut TopicText<'py>,
         out: &mut Vec<u8>,
     ) -> Option<Bound<'py, PyBytes>> {
         let [entry, until] = self.delivery.read(delivery)?;
@@ -312,7 +352,7 @@ impl BurstWriter {
             Some(exact_i64(&until)?.checked_sub(now)?)
         };
         out.extend_from_slice(b"{\"bm\":\"");
-        push_bookmark(out, &id, true)?;
+        push_bookmark(out, &id, topics)?;
         out.extend_from_slice(b"\",\"ts\":");
         push_int(out, exact_i64(&timestamp)?);
         if let Some(lease) = lease {

@@ -238,9 +238,10 @@ def test_errors_and_other_classes_end_as_the_twins(odd: str):
 def test_acks_recorded_as_runs_make_the_twins_record():
     """The compiled applier's acks go into one run at the outbox's end across calls (a
     topic escaped as orjson escapes it); an id it can't write (an offset past a signed
-    64-bit int) gets the twin's QueueEvent in place and the next ack a new run: the
-    events, one by one, and the record's bytes are the twin's."""
-    topics = ['a"\\\n\u00e9', "b"]
+    64-bit int) gets the twin's QueueEvent in place and the next ack a new run; an ack
+    whose topics alternate writes each id's own (the applier keeps the last topic's
+    text): the events, one by one, and the record's bytes are the twin's."""
+    topics = ['a"\\\n\u00e9', "b", "c"]
     offsets = [0, 1, 2**63]
     outcomes = []
     for cls in (QueueState, TwinState):
@@ -252,11 +253,11 @@ def test_acks_recorded_as_runs_make_the_twins_record():
         state.dispatch()
         state.outbox.deliveries.clear()
         state.ack([(topics[0], 0, offset) for offset in (0, 2**63, 1)], "a")
-        state.ack([(topics[1], 0, offset) for offset in offsets[:2]], "a")
+        state.ack([(topics[1], 0, 0), (topics[2], 0, 0), (topics[1], 0, 1)], "a")
         events = state.outbox.take().events
         outcomes.append((expanded(events), events_record(events), [type(e) for e in events]))
     compiled, twin = outcomes
     assert compiled[:2] == twin[:2]
-    assert twin[1] == encode_events(twin[0]) and len(twin[0]) == 5
+    assert twin[1] == encode_events(twin[0]) and len(twin[0]) == 6
     runs = [kind for kind in compiled[2] if kind is not QueueEvent]
     assert len(runs) == 2 and compiled[2][1] is QueueEvent  # run, event, run
