@@ -130,11 +130,24 @@ def _gateway(gateway: dict[str, Any]) -> Iterator[Metric]:
         "Bytes queued unsent for all connections now (bound: MaxBufferedBytes)",
         gateway["queued_bytes"],
     )
+    yield GaugeMetricFamily(
+        "amps_gateway_producer_failed",
+        "1 while the shared producer failed fatally and is not yet replaced (publishes refused)",
+        int(gateway["producer_failed"]),
+    )
     for name, text in (
         ("connections", "Connections accepted"),
         ("refused", "Connections refused beyond MaxConnections"),
         ("slow_consumers", "Connections dropped as slow consumers (Max{Queued,Buffered}Bytes)"),
         ("producer_replacements", "Shared Kafka producers replaced after a fatal error"),
+        (
+            "producer_replacement_failures",
+            "Replacements of a failed shared producer that could not be built (retried)",
+        ),
+        (
+            "publishes_unreported",
+            "Publish commands Kafka's producer never reported on, answered as unknown",
+        ),
         ("frames_in", "Frames received"),
         ("frames_out", "Frames sent"),
         ("bytes_in", "Bytes received"),

@@ -200,6 +200,10 @@ def _gateway_parts(gateway: Gateway) -> dict[str, Any]:
             "refused": stats.refused,
             "slow_consumers": stats.slow_consumers,
             "producer_replacements": stats.producer_replacements,
+            # a failed producer not yet replaced: publishes are refused meanwhile
+            "producer_failed": gateway.pump.fatal is not None,
+            "producer_replacement_failures": gateway.pump.renew_failures,
+            "publishes_unreported": gateway.pump.unreported,
             # the sum MaxBufferedBytes bounds (each connection's is in `clients`)
             "queued_bytes": sum(client["queued_bytes"] for client in clients),
             **vars(traffic),

@@ -51,6 +51,66 @@ class LibrdkafkaLog:
 
 LIBRDKAFKA_LOG = LibrdkafkaLog()
 
+# librdkafka's syslog levels as Python's (confluent-kafka's mapping for its logger).
+SYSLOG_LEVELS = {
+    0: logging.CRITICAL,
+    1: logging.CRITICAL,
+    2: logging.CRITICAL,
+    3: logging.ERROR,
+    4: logging.WARNING,
+    5: logging.INFO,
+    6: logging.INFO,
+    7: logging.DEBUG,
+}
+COALESCE_SECONDS = 60.0  # a line like one logged within this long is counted, not logged
+COALESCE_KEPT = 1_000  # lines remembered for coalescing; the oldest are forgotten past it
+_FIGURES = re.compile(r"\d+")
+
+
+class ProducerLog:
+    """A producer's librdkafka lines: each to LIBRDKAFKA_LOG (DEBUG) as any client's, and
+    a warning or worse (a broker that can't be reached, a request that failed) also at
+    its level to ``amps_on_kafka.librdkafka``, so an operator sees why publishes wait or
+    fail — the errors Kafka's reports carry say only "Message timed out".
+
+    Coalesced, as librdkafka repeats a failing connection's line at every reconnect
+    backoff: a line alike to one logged within COALESCE_SECONDS (the same text, its
+    figures aside) is counted, and the count said at the end of the next alike line
+    logged. ``log`` is confluent-kafka's logger interface; ``lines`` takes the compiled
+    producer's (RdProducer.serve_log: what librdkafka's thread kept, handed over at a
+    poll, never waiting in that thread) with how many it had to drop."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._logged: dict[str, tuple[float, int]] = {}  # alike -> (logged at, held since)
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        LIBRDKAFKA_LOG.log(level, msg, *args)
+        if level >= logging.WARNING:
+            self._coalesced(level, msg % args if args else msg)
+
+    def lines(self, lines: list[tuple[int, str, str]], dropped: int) -> None:
+        for syslog, facility, text in lines:
+            self.log(SYSLOG_LEVELS.get(syslog, logging.ERROR), "%s %s", facility, text)
+        if dropped:
+            LibrdkafkaLog.logger.warning(
+                "%d librdkafka warning(s) dropped (too many at once to keep)", dropped
+            )
+
+    def _coalesced(self, level: int, text: str) -> None:
+        alike, now = _FIGURES.sub("#", text), self._clock()
+        logged = self._logged.get(alike)
+        if logged is not None and now - logged[0] < COALESCE_SECONDS:
+            self._logged[alike] = (logged[0], logged[1] + 1)
+            return
+        held = logged[1] if logged is not None else 0
+        if len(self._logged) >= COALESCE_KEPT:
+            del self._logged[next(iter(self._logged))]
+        self._logged.pop(alike, None)
+        self._logged[alike] = (now, 0)
+        suffix = f" ({held} more like it since the last logged)" if held else ""
+        LibrdkafkaLog.logger.log(level, "%s%s", text, suffix)
+
 
 class Bootstrap(str):
     """Bootstrap servers that carry the client properties (security.protocol, sasl.*,

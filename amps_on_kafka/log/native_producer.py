@@ -13,7 +13,8 @@ It is used only where it produces exactly as confluent-kafka would: the compiled
 there, the library is found and is the version confluent-kafka reports, and every
 setting is text (native_reader's rules: no callback, LibrdkafkaLog's logger not at
 DEBUG). Anything else: None, and the gateway produces through confluent-kafka
-(AMPS_NATIVE=0 does the same).
+(AMPS_NATIVE=0 does the same). A ProducerLog given as the logger (the gateway's) gets
+librdkafka's warnings as confluent-kafka's logger would.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
-from amps_on_kafka.log.kafka import client_config, log_producer, log_producer_config
+from amps_on_kafka.log.kafka import ProducerLog, client_config, log_producer, log_producer_config
 from amps_on_kafka.log.native_reader import loaded_library, text_settings
 from amps_on_kafka.native import core
 
@@ -106,6 +107,9 @@ def native_producer(
         )
     except ValueError:  # another librdkafka, or a setting it refuses: confluent-kafka says why
         return None
+    logger = config.get("logger")
+    if isinstance(logger, ProducerLog):  # confluent-kafka's would call its log()
+        producer.serve_log(logger.lines)
     return CompiledProducer(producer, AdminClient(dict(metadata)))
 
 

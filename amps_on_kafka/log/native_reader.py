@@ -25,7 +25,7 @@ from typing import Any
 import confluent_kafka
 
 from amps_on_kafka.log.bookmarks import TP
-from amps_on_kafka.log.kafka import LIBRDKAFKA_LOG
+from amps_on_kafka.log.kafka import LIBRDKAFKA_LOG, ProducerLog
 from amps_on_kafka.native import core
 
 
@@ -60,10 +60,11 @@ def loaded_library() -> str | None:
 def text_settings(config: Mapping[str, Any]) -> list[tuple[str, str]] | None:
     """`config` as librdkafka's text settings, converted as confluent-kafka converts them
     (True -> "true", numbers by str); None if a value is anything else (a callback), or
-    LibrdkafkaLog must see librdkafka's lines (its logger on at DEBUG)."""
+    LibrdkafkaLog must see librdkafka's lines (its logger on at DEBUG). A ProducerLog as
+    the logger is the compiled producer's to serve (native_producer)."""
     settings = []
     for name, value in config.items():
-        if name == "logger" and value is LIBRDKAFKA_LOG:
+        if name == "logger" and (value is LIBRDKAFKA_LOG or isinstance(value, ProducerLog)):
             if LIBRDKAFKA_LOG.logger.isEnabledFor(logging.DEBUG):
                 return None
         elif isinstance(value, bool):

@@ -16,7 +16,18 @@ the producer refusing every produce for good: the pump replaces it (`_replace`).
 old one is flushed first, so each record it held is answered (Kafka's own verdict for
 those in flight, a failure naming the fatal error for those it purged) before any
 session writes to the new one: nothing from before lands after what is acknowledged
-after. The sessions' commands produced meanwhile are refused at once, naming it.
+after. The sessions' commands produced meanwhile are refused at once, naming it. A
+replacement that can't be built is tried again, after RENEW_FIRST seconds and twice as
+long after each failure (up to RENEW_LONGEST), logged and counted (`renew_failures`):
+publishing resumes once one is built, without a restart.
+
+librdkafka reports every record within `message.timeout.ms` (its timeout scan runs once a
+second) until its handle is destroyed; a record whose report still has not come
+REPORT_MARGIN after that never gets one (a handle closed with records in it, or a bug
+in the counting). The pump's sweep (`_sweep`, on the loop every SWEEP_EVERY) answers such
+commands with a failure that says their fate is not known and frees their budget share,
+logged at ERROR and counted (`unreported`): a lost report held its share for good, and a
+session waiting for room stopped reading its connection.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -37,7 +50,7 @@ from amps_on_kafka.log.publisher import Persisted
 from amps_on_kafka.processor.memory import release_freed_memory
 
 if TYPE_CHECKING:
-    from amps_on_kafka.server.writes import PublishBatch
+    from amps_on_kafka.server.writes import PublishBatch, Writes
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +67,10 @@ TRIM_AFTER_COMMANDS = 2_000
 # every record within PublishTimeout, long before its batch's number comes round again.
 BATCH_NUMBERS = 1 << 31
 REPLACE_MARGIN = 5.0  # seconds beyond PublishTimeout a failed producer is flushed for
+RENEW_FIRST = 1.0  # seconds before a failed build of a replacement producer is tried again
+RENEW_LONGEST = 60.0  # ... doubled after each failure up to this
+REPORT_MARGIN = 5.0  # seconds beyond PublishTimeout after which a report is taken as lost
+SWEEP_EVERY = 1.0  # seconds between the loop's looks for reports lost (DeliveryPump._sweep)
 
 SharedProducer = Producer | CompiledProducer
 
@@ -78,12 +95,20 @@ class DeliveryPump:
         self._renew = renew
         self._adopt = adopt
         self.fatal: str | None = None  # the fatal error being recovered from
+        self.renew_failures = 0  # replacements that could not be built (_take_new)
+        self._renew_at: float | None = None  # when the next attempt is due (monotonic)
+        self._renew_wait = 0.0  # seconds waited before it
         self._outcomes: deque[tuple[Callable[[Any], None], Any]] = deque()
         self._posted = False
         # Batches by number, every session's (numbered here, so that a compiled producer's
         # reports, which carry only the number, find theirs), with their finish.
         self.batch_numbers = batch_numbers()
         self.batches: dict[int, tuple[PublishBatch, Callable[[PublishBatch], None]]] = {}
+        # Every session's Writes, while it lives (a closed session's until its last
+        # report): swept for reports lost. `unreported` counts the commands so answered.
+        self.writes: weakref.WeakSet[Writes] = weakref.WeakSet()
+        self.report_limit = timeout + REPORT_MARGIN
+        self.unreported = 0
         self._serve_batches(producer)
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -92,8 +117,10 @@ class DeliveryPump:
 
     def start(self) -> None:
         self._thread.start()
+        self._loop.call_soon_threadsafe(self._sweep)
 
     def stop(self) -> None:
+        """Stop serving (the loop, if it still runs, stops sweeping at its next turn)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -121,7 +148,10 @@ class DeliveryPump:
         """A poll's reports of batched records from the compiled producer, by batch
         (number, reports, failures): counted down as each report is by BatchDelivery."""
         for batch_number, reports, failures in groups:
-            batch, finish = self.batches[batch_number]
+            known = self.batches.get(batch_number)
+            if known is None:  # answered already as unreported (_sweep): too late
+                continue
+            batch, finish = known
             for index, code, reason in failures:
                 batch.failures.append((index, self.failure_reason(KafkaError(code, reason))))
             draws = batch.reports
@@ -159,12 +189,40 @@ class DeliveryPump:
             self._posted = True
             self._loop.call_soon(self._drain)
 
+    def _sweep(self) -> None:
+        """(On the loop, every SWEEP_EVERY.) Answer the commands whose reports are
+        overdue (Writes.expire), logging how many."""
+        if self._stop.is_set():
+            return
+        cutoff = time.perf_counter() - self.report_limit
+        lost = sum(writes.expire(cutoff) for writes in list(self.writes))
+        if lost:
+            self.unreported += lost
+            log.error(
+                "%d publish command(s) got no report from the gateway's Kafka producer "
+                "within %gs (PublishTimeout and %gs): answered as not known to be "
+                "persisted, their budget share freed",
+                lost,
+                self.report_limit,
+                REPORT_MARGIN,
+            )
+        self._loop.call_later(SWEEP_EVERY, self._sweep)
+
+    def lost_reason(self) -> str:
+        """A command's failure when its report never came (Writes.expire)."""
+        return (
+            f"no report from Kafka within {self.report_limit:g}s: not known whether "
+            "Kafka persisted the message (publish again to be sure)"
+        )
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 fatal = self._serve(self._producer)
                 if fatal is not None and self.fatal is None:
                     self._replace(fatal)
+                elif self._renew_at is not None and time.monotonic() >= self._renew_at:
+                    self._take_new()
             except Exception:  # a bug in a report's handling: the others must still be served
                 log.exception("handling Kafka's delivery reports failed")
 
@@ -196,10 +254,34 @@ class DeliveryPump:
         if self._renew is None or self._adopt is None:
             return
         flush_all(old, self._timeout + REPLACE_MARGIN)
-        new = self._renew()
+        self._take_new()
+
+    def _take_new(self) -> None:
+        """Build the replacement and hand it to the sessions. A build that fails (a
+        setting refused, no thread or file left for librdkafka...) is logged and tried
+        again RENEW_FIRST seconds later, twice as long after each failure up to
+        RENEW_LONGEST (`renew_failures` counts them, for the admin); the old producer
+        refuses every publish meanwhile, naming its fatal error."""
+        renew, adopt = self._renew, self._adopt
+        if renew is None or adopt is None:
+            return
+        try:
+            new = renew()
+        except Exception as exc:
+            self.renew_failures += 1
+            self._renew_wait = min(RENEW_LONGEST, self._renew_wait * 2 or RENEW_FIRST)
+            self._renew_at = time.monotonic() + self._renew_wait
+            log.error(
+                "building the gateway's replacement Kafka producer failed (%s: %s); "
+                "publishes are refused until one is built: next attempt in %gs",
+                type(exc).__name__,
+                exc,
+                self._renew_wait,
+            )
+            return
+        self._renew_at, self._renew_wait = None, 0.0
         self._serve_batches(new)
         adopted = threading.Event()
-        adopt = self._adopt
 
         def hand_over() -> None:
             adopt(new)
@@ -211,7 +293,7 @@ class DeliveryPump:
             if self._stop.is_set():  # stopping before the loop took it: the loop is gone
                 new.close()
                 return
-        self._producer, self.fatal = new, None
+        old, self._producer, self.fatal = self._producer, new, None
         old.close()
         log.warning("the gateway's Kafka producer was replaced; publishing goes on")
 

@@ -25,7 +25,7 @@ from confluent_kafka import Producer
 
 from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.errors import TransportError
-from amps_on_kafka.log.kafka import client_config, log_producer_config
+from amps_on_kafka.log.kafka import ProducerLog, client_config, log_producer_config
 from amps_on_kafka.log.native_producer import CompiledProducer, native_producer
 from amps_on_kafka.log.registry import TopicRegistry
 from amps_on_kafka.processor.engine import SowEngine
@@ -376,6 +376,7 @@ def _shared_producer(bootstrap: str, settings: GatewayConfig) -> Producer | Comp
         **{
             "message.timeout.ms": int(settings.publish_timeout * 1000),
             "queue.buffering.max.kbytes": 2 * settings.max_publish_bytes_in_flight // 1024,
+            "logger": ProducerLog(),  # an operator sees why Kafka can't be reached
         },
     )
     compiled = native_producer(config, client_config(bootstrap))

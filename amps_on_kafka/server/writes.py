@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,9 +49,12 @@ class PendingWrite:
     remaining: int = 0
     error: PublishError | None = None
     started: float = field(default_factory=time.perf_counter)  # for the admin's latencies
+    produced: float = math.inf  # when its records were produced (Writes.written)
     commands: ClassVar[int] = 1  # of the budget
 
     def persisted(self, error: PublishError | None) -> None:
+        """One record's report: the command is answered with its last (a report after
+        the command was answered as unreported, Writes.expire, counts below 0: ignored)."""
         if error is not None and self.error is None:
             self.error = error
         self.remaining -= 1
@@ -78,7 +82,7 @@ class PublishBatch:
     failures: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
     expected: int = -1
     reports: Iterator[int] = field(default_factory=itertools.count)
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)  # its records produced then
 
 
 class Writes:
@@ -97,6 +101,7 @@ class Writes:
         self._known: set[str] = set()
         self._batches: dict[int, PublishBatch] = {}  # by number, until reported
         self.delivery = batch_deliveries(self._batches, self.pump, self.finish_batch)
+        self.pump.writes.add(self)  # swept for reports lost (DeliveryPump._sweep)
 
     async def spec(self, topic: str) -> TopicSpec:
         """The topic's spec, with its partition count fresh: both read Kafka now and then
@@ -167,8 +172,11 @@ class Writes:
             self.finish_batch(batch)
 
     def finish_batch(self, batch: PublishBatch) -> None:
-        """Kafka reported every record of `batch`: a failure ack for each that failed."""
-        del self._batches[batch.number]
+        """Kafka reported every record of `batch`: a failure ack for each that failed.
+        Once only: a batch answered as unreported (expire) may still have its last
+        report's finish on the way."""
+        if self._batches.pop(batch.number, None) is None:
+            return
         del self.pump.batches[batch.number]
         for index, reason in sorted(batch.failures):
             self.session.send(ack(publish_header(batch.publishes[index]), "persisted", reason))
@@ -180,8 +188,37 @@ class Writes:
     def written(self, pending: PendingWrite, records: int) -> None:
         """The publisher produced `records` records for this command."""
         pending.remaining += records
+        pending.produced = time.perf_counter()
         if not records:
             self.finish(pending)
+
+    def expire(self, cutoff: float) -> int:
+        """Answer the commands whose records were produced before `cutoff` (perf_counter)
+        and still wait for a report: librdkafka reports each record within PublishTimeout,
+        so such a report was lost (DeliveryPump._sweep). Each is answered with a failure
+        saying its fate is not known (a batch: each of its records not failed already,
+        the ones Kafka took among them, as no report says which) and its budget share is
+        freed. The number of commands so answered. In ticket order: a command issued
+        after `cutoff` ends the look."""
+        overdue = []
+        for pending in self._inflight.values():
+            if pending.started >= cutoff:
+                break
+            if isinstance(pending, PublishBatch) or pending.produced < cutoff:
+                overdue.append(pending)
+        reason = self.pump.lost_reason()
+        for pending in overdue:
+            if isinstance(pending, PublishBatch):
+                failed = {index for index, _ in pending.failures}
+                pending.failures.extend(
+                    (index, reason) for index in range(pending.commands) if index not in failed
+                )
+                self.finish_batch(pending)
+            else:
+                pending.error = pending.error or PublishError(reason)
+                pending.remaining = 0
+                self.finish(pending)
+        return sum(p.commands for p in overdue)
 
     def abandon(self, pending: PendingWrite) -> None:
         """The publisher refused the command: nothing will be reported for it."""
@@ -271,7 +308,9 @@ def _batch_delivery(
         __slots__ = ()
 
         def __call__(self, error: KafkaError | None, message: Message) -> None:
-            batch = batches[self >> BATCH_BITS]
+            batch = batches.get(self >> BATCH_BITS)
+            if batch is None:  # answered already as unreported (Writes.expire): too late
+                return
             if error is not None:
                 batch.failures.append((self & INDEX_MASK, pump.failure_reason(error)))
             if next(batch.reports) == batch.expected:

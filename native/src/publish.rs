@@ -493,12 +493,13 @@ struct BatchDelivery {
 #[pymethods]
 impl BatchDelivery {
     /// As the twin's: the batch counted down, a failure kept with its index and reason,
-    /// the batch posted to the loop by the report that draws its `expected`.
+    /// the batch posted to the loop by the report that draws its `expected`; nothing
+    /// for a batch no longer there.
     fn __call__(&self, py: Python<'_>, error: Py<PyAny>, _message: Py<PyAny>) -> PyResult<()> {
         let owner = self.owner.get();
         let key = self.number >> 32;
         let Some(batch) = owner.batches.bind(py).get_item(key)? else {
-            return Err(pyo3::exceptions::PyKeyError::new_err(key));
+            return Ok(()); // answered already as unreported (Writes.expire): too late
         };
         let error = error.bind(py);
         if !error.is_none() {

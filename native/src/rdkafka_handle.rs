@@ -12,7 +12,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::rdkafka_reader::{open, symbol, text, Config, RawMessage};
-use crate::rdkafka_reports::{boxed, delivered, Report};
+use crate::rdkafka_reports::{boxed, delivered, logged, Line, Queues, Report};
 
 /// `RD_KAFKA_PRODUCER`.
 const PRODUCER: c_int = 0;
@@ -96,6 +96,8 @@ pub(crate) struct Api {
     new: extern "C" fn(c_int, *mut c_void, *mut c_char, usize) -> *mut c_void,
     conf_set_dr_msg_cb: extern "C" fn(*mut c_void, DeliveryCallback),
     conf_set_opaque: extern "C" fn(*mut c_void, *mut c_void),
+    /// `rd_kafka_opaque`: the log callback's way to the handle's Queues.
+    pub(crate) opaque: extern "C" fn(*const c_void) -> *mut c_void,
     produceva: extern "C" fn(*mut c_void, *const Vu, usize) -> *mut c_void,
     error_code: extern "C" fn(*const c_void) -> c_int,
     error_destroy: extern "C" fn(*mut c_void),
@@ -125,6 +127,7 @@ fn load(path: &str) -> Result<Api, String> {
             new: symbol(library, "new")?,
             conf_set_dr_msg_cb: symbol(library, "conf_set_dr_msg_cb")?,
             conf_set_opaque: symbol(library, "conf_set_opaque")?,
+            opaque: symbol(library, "opaque")?,
             produceva: symbol(library, "produceva")?,
             error_code: symbol(library, "error_code")?,
             error_destroy: symbol(library, "error_destroy")?,
@@ -148,7 +151,7 @@ fn load(path: &str) -> Result<Api, String> {
 pub(crate) struct Handle {
     api: &'static Api,
     rk: *mut c_void,
-    reports: Box<Mutex<Vec<Report>>>,
+    queues: Box<Queues>,
     /// Topic handles by name, made once (a topic by name costs a look-up per record).
     topics: Mutex<HashMap<String, usize>>,
     /// Set by close with the GIL held. `send` reads it with the GIL held and keeps the
@@ -165,18 +168,18 @@ unsafe impl Sync for Handle {}
 
 impl Handle {
     /// A producer on the library at `path` (confluent-kafka's), of `version`, configured
-    /// with text `settings`, its delivery reports queued by `delivered`. ValueError when
-    /// the library or a setting is refused.
+    /// with text `settings`, its delivery reports queued by `delivered` and its warnings
+    /// by `logged`. ValueError when the library or a setting is refused.
     pub(crate) fn open(path: &str, version: i32, settings: &[(String, String)]) -> PyResult<Self> {
         let api = API
             .get_or_init(|| load(path))
             .as_ref()
             .map_err(|e| PyValueError::new_err(e.clone()))?;
         api.config.check_version(version)?;
-        let conf = api.config.build(settings)?;
-        let reports: Box<Mutex<Vec<Report>>> = Box::default();
+        let conf = api.config.build(settings, logged)?;
+        let queues: Box<Queues> = Box::default();
         (api.conf_set_dr_msg_cb)(conf, delivered);
-        (api.conf_set_opaque)(conf, &*reports as *const _ as *mut c_void);
+        (api.conf_set_opaque)(conf, &*queues as *const _ as *mut c_void);
         let mut errstr = [0 as c_char; 512];
         let rk = (api.new)(PRODUCER, conf, errstr.as_mut_ptr(), errstr.len());
         if rk.is_null() {
@@ -186,7 +189,7 @@ impl Handle {
         Ok(Self {
             api,
             rk,
-            reports,
+            queues,
             topics: Mutex::default(),
             closed: AtomicBool::new(false),
             serving: RwLock::new(()),
@@ -325,7 +328,18 @@ impl Handle {
     }
 
     pub(crate) fn take_reports(&self) -> Vec<Report> {
-        std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(
+            &mut *self
+                .queues
+                .reports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
+    }
+
+    /// The warnings librdkafka logged since the last take, and how many were dropped.
+    pub(crate) fn take_lines(&self) -> (Vec<Line>, usize) {
+        self.queues.take_lines()
     }
 
     /// Destroy the handle once any poll or flush under way returns, the GIL released

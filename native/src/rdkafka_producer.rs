@@ -42,6 +42,8 @@ pub(crate) struct RdProducer {
     batches: OnceLock<Py<PyAny>>,
     /// `failures(number, error, message)` for a numbered record that failed, set once.
     failures: OnceLock<Py<PyAny>>,
+    /// `log([(syslog level, facility, text)], dropped)`: librdkafka's warnings, set once.
+    log: OnceLock<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -64,13 +66,14 @@ impl RdProducer {
             kafka_exception,
             batches: OnceLock::new(),
             failures: OnceLock::new(),
+            log: OnceLock::new(),
         })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.kafka_error)?;
         visit.call(&self.kafka_exception)?;
-        for handler in [&self.batches, &self.failures] {
+        for handler in [&self.batches, &self.failures, &self.log] {
             if let Some(handler) = handler.get() {
                 visit.call(handler)?;
             }
@@ -83,6 +86,15 @@ impl RdProducer {
         self.batches
             .set(handler)
             .map_err(|_| PyRuntimeError::new_err("the batches' handler is set already"))
+    }
+
+    /// Where librdkafka's warnings and errors go, once per poll that found any:
+    /// `handler([(syslog level, facility, text)], dropped)` (log/kafka.py ProducerLog).
+    /// Until it is set they are dropped.
+    fn serve_log(&self, handler: Py<PyAny>) -> PyResult<()> {
+        self.log
+            .set(handler)
+            .map_err(|_| PyRuntimeError::new_err("the log's handler is set already"))
     }
 
     /// Where a numbered record's failure goes: `handler(number, KafkaError, message)`
@@ -229,14 +241,16 @@ impl RdProducer {
         }
     }
 
-    /// Hand the queued reports on: each Python callback called, the batched records'
-    /// reports grouped by batch and handed to the batches' handler in one call.
+    /// Hand the queued log lines and reports on: the lines to the log's handler, each
+    /// Python callback called, the batched records' reports grouped by batch and handed
+    /// to the batches' handler in one call.
     fn serve(&self, py: Python<'_>) -> PyResult<()> {
+        let logged = self.serve_lines(py);
         let reports = self.handle.take_reports();
         if reports.is_empty() {
-            return Ok(());
+            return logged;
         }
-        let mut first_error = None;
+        let mut first_error = logged.err();
         let mut groups: Vec<Group> = Vec::new();
         for report in reports {
             let Some(report) = count_batched(&mut groups, report) else {
@@ -263,6 +277,17 @@ impl RdProducer {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// The log lines kept since the last serve, to the log's handler (if any).
+    fn serve_lines(&self, py: Python<'_>) -> PyResult<()> {
+        let (lines, dropped) = self.handle.take_lines();
+        match self.log.get() {
+            Some(handler) if !lines.is_empty() || dropped > 0 => {
+                handler.bind(py).call1((lines, dropped)).map(drop)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// A numbered record's failure, handed to the failures' handler (the C callback

@@ -62,11 +62,12 @@ struct RawPartitionList {
     elems: *mut RawPartition,
 }
 
-type LogCallback = extern "C" fn(*const c_void, c_int, *const c_char, *const c_char);
+/// librdkafka's `log_cb`: (handle, syslog level, facility, line).
+pub(crate) type LogCallback = extern "C" fn(*const c_void, c_int, *const c_char, *const c_char);
 
 /// What every handle of ours on the loaded librdkafka needs (this reader, and the
 /// gateway's producer in rdkafka_producer.rs): its version, and a configuration made
-/// of text settings with librdkafka's log lines dropped.
+/// of text settings with librdkafka's log lines handed to a callback of ours.
 pub(crate) struct Config {
     version: extern "C" fn() -> c_int,
     conf_new: extern "C" fn() -> *mut c_void,
@@ -99,8 +100,12 @@ impl Config {
     }
 
     /// A configuration of `settings` (ValueError naming a setting librdkafka refuses),
-    /// its log lines dropped. The caller owns it until rd_kafka_new takes it.
-    pub(crate) fn build(&self, settings: &[(String, String)]) -> PyResult<*mut c_void> {
+    /// its log lines handed to `log`. The caller owns it until rd_kafka_new takes it.
+    pub(crate) fn build(
+        &self,
+        settings: &[(String, String)],
+        log: LogCallback,
+    ) -> PyResult<*mut c_void> {
         let conf = (self.conf_new)();
         let mut errstr = [0 as c_char; 512];
         for (name, value) in settings {
@@ -124,7 +129,7 @@ impl Config {
                 return Err(PyValueError::new_err(text(errstr.as_ptr())));
             }
         }
-        (self.conf_set_log_cb)(conf, drop_log);
+        (self.conf_set_log_cb)(conf, log);
         Ok(conf)
     }
 }
@@ -336,7 +341,7 @@ impl RdReader {
             .as_ref()
             .map_err(|e| PyValueError::new_err(e.clone()))?;
         api.config.check_version(version)?;
-        let conf = api.config.build(&config)?;
+        let conf = api.config.build(&config, drop_log)?;
         let mut errstr = [0 as c_char; 512];
         let rk = (api.new)(CONSUMER, conf, errstr.as_mut_ptr(), errstr.len());
         if rk.is_null() {

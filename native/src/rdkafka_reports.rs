@@ -2,13 +2,73 @@
 //! opaque says of how it is reported, the C callback that queues each report without the
 //! GIL, a poll's batched reports counted by batch, and the `Message` a Python callback
 //! is handed.
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 
 use crate::rdkafka_handle::API;
 use crate::rdkafka_reader::{text, RawMessage};
+
+/// The syslog level of librdkafka's warnings: lines above it (notice, info, debug) are
+/// not kept.
+const WARNING: c_int = 4;
+/// Log lines kept between two serves of the handle (a poll's turn, 0.1 s at most in
+/// the gateway's pump); those beyond are counted, not kept.
+const LINES_KEPT: usize = 200;
+
+/// One log line of librdkafka's: (syslog level, facility, text).
+pub(crate) type Line = (c_int, String, String);
+
+/// What librdkafka's callbacks queue for the handle's owner, served by poll and flush
+/// (the handle's opaque: it outlives the handle).
+#[derive(Default)]
+pub(crate) struct Queues {
+    pub(crate) reports: Mutex<Vec<Report>>,
+    pub(crate) lines: Mutex<Vec<Line>>,
+    /// Lines not kept: beyond LINES_KEPT, or met the queue taken by a serve.
+    pub(crate) dropped: AtomicUsize,
+}
+
+impl Queues {
+    /// The log lines kept since the last take, and how many were dropped.
+    pub(crate) fn take_lines(&self) -> (Vec<Line>, usize) {
+        let lines = std::mem::take(&mut *self.lines.lock().unwrap_or_else(|e| e.into_inner()));
+        (lines, self.dropped.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// librdkafka's log callback: runs on librdkafka's own threads, so it only keeps a
+/// warning or worse (a broker that can't be reached, a request that failed) for the
+/// next serve, and never waits: a queue being taken, or full, counts the line dropped.
+pub(crate) extern "C" fn logged(
+    rk: *const c_void,
+    level: c_int,
+    facility: *const c_char,
+    line: *const c_char,
+) {
+    if level > WARNING {
+        return;
+    }
+    let opaque = match API.get() {
+        Some(Ok(api)) => (api.opaque)(rk),
+        _ => return,
+    };
+    if opaque.is_null() {
+        return;
+    }
+    // SAFETY: the opaque is the handle's Queues (set at rd_kafka_new, outlives it).
+    let queues = unsafe { &*(opaque as *const Queues) };
+    match queues.lines.try_lock() {
+        Ok(mut lines) if lines.len() < LINES_KEPT => {
+            lines.push((level, text(facility), text(line)));
+        }
+        _ => {
+            queues.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
 
 /// A batched record's number is `batch << INDEX_BITS | index` (server/publishing.py).
 const INDEX_BITS: u32 = 32;
@@ -60,9 +120,9 @@ pub(crate) extern "C" fn delivered(
     message: *const RawMessage,
     opaque: *mut c_void,
 ) {
-    // SAFETY: `opaque` is the handle's report queue (set at rd_kafka_new, outlives it);
+    // SAFETY: `opaque` is the handle's Queues (set at rd_kafka_new, outlives it);
     // `message` is valid for the callback's duration.
-    let (queue, message) = unsafe { (&*(opaque as *const Mutex<Vec<Report>>), &*message) };
+    let (queues, message) = unsafe { (&*(opaque as *const Queues), &*message) };
     let tag = message.private as usize;
     if tag & 3 == NUMBERED && message.err == 0 {
         return; // a numbered record's success: nothing to report, nothing to free
@@ -91,7 +151,11 @@ pub(crate) extern "C" fn delivered(
             },
         },
     };
-    queue.lock().unwrap_or_else(|e| e.into_inner()).push(report);
+    queues
+        .reports
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(report);
 }
 
 /// A poll's reports of one batch: its number, how many, and the failures' (index, code,

@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
+from typing import Any
 
 import orjson
 import pytest
 
+from amps_on_kafka.admin.view import gateway_view
 from amps_on_kafka.config import Config
 from amps_on_kafka.config.model import GatewayConfig
 from amps_on_kafka.log.replay import Replay
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
+from amps_on_kafka.server import delivery
 from amps_on_kafka.server.gateway import Gateway
 from tests.kafka_faults import raise_fatal
 from tests.polling import until
 from tests.robustness.test_publish_outage import WAIT, Storm, in_flight
+from tests.server.helpers import Wire
 from tests.server.test_native_producer import producer_kind  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("producer_kind")
@@ -75,3 +80,53 @@ def test_a_fatal_producer_error_is_answered_and_the_gateway_publishes_on(
     logged = [r.getMessage() for r in caplog.records]
     assert any("failed fatally (test_fatal_error: fenced by the test)" in m for m in logged)
     assert any("was replaced" in m for m in logged)
+
+
+def test_a_replacement_that_cannot_be_built_is_retried_with_backoff(
+    bootstrap, topic_factory, monkeypatch, caplog
+) -> None:
+    """The replacement's build fails twice (as when librdkafka can't get a thread or a
+    file): the gateway refuses publishes meanwhile, naming the fatal error, says so in its
+    log and admin view, tries again after RENEW_FIRST and then twice that, and publishes
+    on once the third build succeeds — no restart."""
+    caplog.set_level(logging.WARNING, "amps_on_kafka.server.delivery")
+    monkeypatch.setattr(delivery, "RENEW_FIRST", 0.5)
+    topic = topic_factory(1)
+    engine = SowEngine(Config(), {}, now_ms)
+    with (
+        Gateway(engine, bootstrap, listen="127.0.0.1:0") as gateway,
+        Wire(gateway.address) as wire,
+    ):
+        wire.logon("renewed")
+        pump, attempts = gateway.pump, []
+        build = pump._renew
+        assert build is not None
+
+        def failing_twice() -> Any:
+            attempts.append(time.monotonic())
+            if len(attempts) <= 2:
+                raise OSError(24, "Too many open files (the test's)")
+            return build()
+
+        pump._renew = failing_twice
+        raise_fatal(gateway.producer, "fenced by the test")
+        until(lambda: len(attempts) >= 1, "a replacement tried", WAIT)
+        refused = wire.request(publish(topic, "refused"), b"{}")
+        assert refused.header["status"] == "failure"
+        assert "failed fatally" in refused.header["reason"]
+        assert gateway_view(gateway)["gateway"]["producer_failed"]
+        until(lambda: gateway.stats.producer_replacements == 1, "the producer replaced", WAIT)
+        view = gateway_view(gateway)["gateway"]
+        persisted = wire.request(publish(topic, "after"), b"{}")
+    assert persisted.header["status"] == "success"
+    assert len(attempts) == 3
+    first, second = attempts[1] - attempts[0], attempts[2] - attempts[1]
+    assert first >= 0.5 and second >= 1.0, (first, second)  # RENEW_FIRST, then doubled
+    assert not view["producer_failed"] and view["producer_replacement_failures"] == 2
+    failed = [r.getMessage() for r in caplog.records if "replacement" in r.getMessage()]
+    assert len(failed) == 2 and all("Too many open files (the test's)" in m for m in failed)
+    assert "next attempt in 0.5s" in failed[0] and "next attempt in 1s" in failed[1]
+
+
+def publish(topic: str, cid: str) -> dict[str, Any]:
+    return {"c": "publish", "t": topic, "cid": cid, "a": "persisted"}
