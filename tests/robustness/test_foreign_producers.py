@@ -15,12 +15,10 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
-from pathlib import Path
 
 import orjson
 import pytest
@@ -46,6 +44,7 @@ from tests.polling import until
 from tests.sow.conftest import wait_caught_up
 from tests.sow.test_poison import set_max_message_bytes
 from tests.sow.test_worker import sow_of
+from tests.sow.worker_process import spawn
 
 PARTITIONS = 3
 IDS = range(30)
@@ -233,20 +232,7 @@ def test_a_repartitioner_killed_mid_stream_neither_loses_nor_doubles_a_record(
     group = f"crash-{uuid.uuid4().hex[:8]}"
     doc = {**repartitioned_doc(topic), "Worker": {"InstanceId": group}}
     config_file.write_text(yaml.safe_dump(doc))
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.sow.worker_process",
-            str(config_file),
-            bootstrap,
-            str(tmp_path / "state"),
-            group,
-        ],
-        cwd=Path(__file__).resolve().parents[2],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    process = spawn(config_file, bootstrap, tmp_path / "state", group)
     try:
         assert process.stdout.readline().startswith("applied")  # copying has begun
         os.kill(process.pid, signal.SIGKILL)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -35,8 +34,8 @@ from tests.conftest import delete_topics
 from tests.scaling.helpers import session_timeout
 from tests.sow.test_poison import set_max_message_bytes
 from tests.sow.test_worker import reference_sow
+from tests.sow.worker_process import spawn
 
-ROOT = Path(__file__).parents[2]
 WAIT = 60.0  # seconds any step may take
 
 
@@ -195,10 +194,7 @@ def kill_when_changelogged(
     config_file = tmp_path / "worker.yaml"
     config_file.write_text(yaml.safe_dump(config))
     load_config(config_file)  # the file reads as the dict did
-    command = [sys.executable, "-m", "tests.sow.worker_process", str(config_file), bootstrap]
-    process = subprocess.Popen(
-        [*command, str(state), group], cwd=ROOT, stdout=subprocess.DEVNULL, text=True
-    )
+    process = spawn(config_file, bootstrap, state, group, stdout=subprocess.DEVNULL)
     try:
         until(lambda: changelogged(bootstrap, group, config, tmp_path), "never changelogged")
         os.kill(process.pid, signal.SIGKILL)

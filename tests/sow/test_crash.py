@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -15,8 +14,8 @@ from amps_on_kafka.config import load_config
 from amps_on_kafka.log.kafka import end_offsets
 from tests.sow.conftest import wait_caught_up
 from tests.sow.test_worker import reference_sow
+from tests.sow.worker_process import spawn
 
-ROOT = Path(__file__).parents[2]
 MAX_STORM = 200_000
 
 
@@ -66,20 +65,7 @@ def test_sigkill_mid_storm_then_restart_gives_the_replayed_sow(
     config_file = tmp_path / "worker.yaml"
     config_file.write_text(yaml.safe_dump(config))
     state = tmp_path / "state"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.sow.worker_process",
-            str(config_file),
-            bootstrap,
-            str(state),
-            "crash-a",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    process = spawn(config_file, bootstrap, state, "crash-a")
     stop = threading.Event()
     publishing = threading.Thread(target=storm, args=(publisher, sow_topic, stop, process))
     publishing.start()
