@@ -179,12 +179,17 @@ class DeliveryPump:
     def _drain(self) -> None:
         """Hand Kafka's verdicts to the sessions, DRAIN_SLICE at a time: when a broker
         comes back, thousands arrive at once, and the other clients must not wait for
-        all of their acks to be written (that was a 0.7 s pause)."""
+        all of their acks to be written (that was a 0.7 s pause). A handler that raises
+        (a bug) is logged and the rest are handed on: left queued, they waited for the
+        next report, and a session waiting for budget they held would never get one."""
         self._posted = False
         outcomes = self._outcomes
         for _ in range(min(len(outcomes), DRAIN_SLICE)):
             handler, argument = outcomes.popleft()
-            handler(argument)
+            try:
+                handler(argument)
+            except Exception:
+                log.exception("handing Kafka's verdict to %r failed", handler)
         if outcomes and not self._posted:
             self._posted = True
             self._loop.call_soon(self._drain)

@@ -13,6 +13,7 @@ logged and counted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -81,3 +82,24 @@ def test_a_report_that_never_comes_is_answered_and_frees_the_budget(
         assert answer["reason"].startswith(f"no report from Kafka within {limit:g}s: not known")
     assert view["publishes_unreported"] == len(sequences)
     assert any("got no report" in r.getMessage() for r in caplog.records)
+
+
+def test_a_verdict_whose_handler_raises_strands_none_after_it(caplog):
+    """Kafka's verdicts are handed to the sessions on the loop in order; one whose
+    handler raises (a bug) is logged, and those behind it are still handed on — left
+    queued, they waited for a next report that a full budget would never let come."""
+    loop = asyncio.new_event_loop()
+    try:
+        pump = delivery.DeliveryPump(loop, None, TIMEOUT)  # type: ignore[arg-type] # not served
+        handed: list[int] = []
+
+        def broken(_: int) -> None:
+            raise RuntimeError("a bug in a handler")
+
+        pump.post(broken, 1)
+        pump.post(handed.append, 2)
+        loop.run_until_complete(asyncio.sleep(0))  # one turn: the drain runs
+    finally:
+        loop.close()
+    assert handed == [2]
+    assert any("handing Kafka's verdict" in r.getMessage() for r in caplog.records)
