@@ -58,8 +58,13 @@ class AckBatcher:
         """Queue one acknowledgement: none (processed), "cancel" or "expire"."""
         if option is not None:
             check_ack_option(option)
+        key = (topic, option)
         with self._lock:
-            self._pending.setdefault((topic, option), []).append(bookmark)
+            bookmarks = self._pending.get(key)  # not setdefault: no list made an ack
+            if bookmarks is None:
+                self._pending[key] = [bookmark]
+            else:
+                bookmarks.append(bookmark)
             self._count += 1
             if self._count < self.batch_size:
                 if self._count == 1:  # the first of a batch: the timer sends it in time

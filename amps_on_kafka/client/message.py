@@ -73,13 +73,17 @@ class GatewayMessage(Message):
         the queue as it was sent, seed 001), needs no ack: acking it does nothing, as in
         AMPS clients, so a subscriber may ack everything it receives.
         """
-        if self.acks is None:
+        acks = self.acks
+        if acks is None:
             raise MessageError(
                 f"{self!r} was not delivered by a subscription: there is nothing to ack"
             )
-        topic, bookmark = self.topic, self.bookmark
-        if self.lease_period is not None and topic is not None and bookmark is not None:
-            self.acks.add(topic, bookmark, option)
+        # the header read here, not through `bookmark` and `lease_period`: two property
+        # calls an ack, by the thousand (docs/performance.md, the queue's eighth round)
+        meta, topic = self.meta, self.topic
+        bookmark = meta.get("bm")
+        if bookmark is not None and topic is not None and meta.get("lp") is not None:
+            acks.add(topic, bookmark, option)
 
     @property
     def bookmark(self) -> str | None:
@@ -141,15 +145,14 @@ class Batch(Protocol):
 def _compiled_batches() -> Callable[[list[Any], bytes, tuple[Any, ...]], Batch] | None:
     """The compiled maker of a batch frame's messages (native/src/batches.rs), given the
     slots GatewayMessage's constructor fills: each record's entry and payload, the
-    frame's command, topic and sub_id, and what every message starts with; None without
-    the core (tcp_connection._records is its twin; tests/native/test_batches.py holds
-    the two alike)."""
+    frame's command, topic and sub_id, then its `acks` (a queue's burst: the messages
+    can be acked; None for a query's records), and what every message starts with; None
+    without the core (tcp_connection._records is its twin; tests/native/test_batches.py
+    holds the two alike)."""
     if core is None:
         return None
-    starts = [("acks", None), ("_data", _UNSET)]
-    builder = core.BatchBuilder(
-        GatewayMessage, "meta", "payload", ["command", "topic", "sub_id"], starts
-    )
+    frame_slots = ["command", "topic", "sub_id", "acks"]
+    builder = core.BatchBuilder(GatewayMessage, "meta", "payload", frame_slots, [("_data", _UNSET)])
     return builder.build  # type: ignore[no-any-return]
 
 

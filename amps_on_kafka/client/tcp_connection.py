@@ -141,6 +141,10 @@ class TcpConnection:
                     if keep is None or "sow" in keep:
                         yield from _records("sow", frame)
                     continue
+                if command == "publish" and "recs" in frame.header:  # a queue's burst
+                    if keep is None or "publish" in keep:  # made ackable: no checks each
+                        yield from _records("publish", frame, self.acks)
+                    continue
                 if command != "ack" and keep is not None and command not in keep:
                     continue  # none of its messages is kept: none made (a query's groups)
                 for item in _unpack(frame):
@@ -282,20 +286,25 @@ def _unpack(frame: Frame) -> Iterator[Item]:
         yield GatewayMessage(command, topic, header, payload, sub_id)  # type: ignore[arg-type]
 
 
-def _records(command: str, frame: Frame) -> Iterator[GatewayMessage]:
-    """A batch frame's messages: `recs` describes each record, payloads follow in order.
-    The compiled builder (message.batch_messages) makes them where it is sure of the
-    entries; from the first it is not, this loop (its twin) goes on."""
+def _records(
+    command: str, frame: Frame, acks: AckBatcher | None = None
+) -> Iterator[GatewayMessage]:
+    """A batch frame's messages: `recs` describes each record, payloads follow in order;
+    `acks` where they can be acked (a queue's burst). The compiled builder
+    (message.batch_messages) makes them where it is sure of the entries; from the first
+    it is not, this loop (its twin) goes on."""
     header, payload = frame.header, frame.payload
     topic, sub_id = header.get("t"), header.get("sub_id")
     recs, offset = header.get("recs", ()), 0
     if batch_messages is not None and type(recs) is list and type(payload) is bytes:
-        built = batch_messages(recs, payload, (command, topic, sub_id))
+        built = batch_messages(recs, payload, (command, topic, sub_id, acks))
         yield from built
         recs, offset = itertools.islice(recs, built.read, None), built.offset
     for meta in recs:
         end = offset + meta["n"]
-        yield GatewayMessage(command, topic, meta, payload[offset:end], sub_id)
+        message = GatewayMessage(command, topic, meta, payload[offset:end], sub_id)
+        message.acks = acks
+        yield message
         offset = end
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from amps_on_kafka.client import message as message_module
 from amps_on_kafka.client import tcp_connection
+from amps_on_kafka.client.acks import AckBatcher
 from amps_on_kafka.client.message import GatewayMessage
 from amps_on_kafka.native import core
 from amps_on_kafka.protocol.frames import Frame
@@ -29,10 +30,12 @@ entries = st.one_of(
     st.fixed_dictionaries({}, optional={"n": odd_n, "bm": st.just("t|0|1|")}),
     st.sampled_from([[], "n", 3, None]),
 )
+ACKS = AckBatcher(lambda header: None)  # a queue burst's messages can be acked: its batcher
 frames = st.builds(
     lambda recs, payload, topic, sub_id, command: (
         command,
         Frame({"t": topic, "sub_id": sub_id, "recs": recs}, payload),
+        ACKS if command == "publish" else None,
     ),
     st.lists(entries, max_size=8),
     st.binary(max_size=120),
@@ -42,14 +45,16 @@ frames = st.builds(
 )
 
 
-def made(command: str, frame: Frame, builder: Any) -> tuple[list, str | None]:
+def made(
+    command: str, frame: Frame, acks: AckBatcher | None, builder: Any
+) -> tuple[list, str | None]:
     """The messages _records makes with `builder` (None: the twin alone), as their slot
     values, and the error that ended them, if one did."""
     made: list = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tcp_connection, "batch_messages", builder)
         try:
-            for message in tcp_connection._records(command, frame):
+            for message in tcp_connection._records(command, frame, acks):
                 assert type(message) is GatewayMessage
                 made.append([getattr(message, slot) for slot in SLOTS])
         except Exception as exc:  # the twin's error, whichever it is
@@ -59,16 +64,16 @@ def made(command: str, frame: Frame, builder: Any) -> tuple[list, str | None]:
 
 @settings(max_examples=400, deadline=None)
 @given(frames)
-def test_the_compiled_messages_are_the_twins(case: tuple[str, Frame]) -> None:
-    command, frame = case
-    compiled = made(command, frame, message_module.batch_messages)
-    assert compiled == made(command, frame, None)
+def test_the_compiled_messages_are_the_twins(case: tuple[str, Frame, AckBatcher | None]) -> None:
+    command, frame, acks = case
+    compiled = made(command, frame, acks, message_module.batch_messages)
+    assert compiled == made(command, frame, acks, None)
 
 
 def test_a_scans_frame_is_made_by_the_core_and_its_metas_are_the_headers() -> None:
     recs = [{"k": "1", "n": 2}, {"k": "2", "n": 0}, {"k": "3", "n": 3}]
     frame = Frame({"c": "sow", "t": "orders", "recs": recs}, b"{}abc")
-    built = message_module.batch_messages(recs, frame.payload, ("sow", "orders", None))  # type: ignore[misc]
+    built = message_module.batch_messages(recs, frame.payload, ("sow", "orders", None, None))  # type: ignore[misc]
     messages = list(built)
     assert (built.read, built.offset) == (3, 5)
     assert [m.payload for m in messages] == [b"{}", b"", b"abc"]
@@ -77,9 +82,23 @@ def test_a_scans_frame_is_made_by_the_core_and_its_metas_are_the_headers() -> No
     assert messages[0].acks is None and messages[0].sow_key == "1"
 
 
+def test_a_queue_bursts_messages_carry_its_acks() -> None:
+    """The burst's batcher is a frame value: each message made ackable by the core."""
+    recs = [{"bm": "q|0|1|", "lp": 100, "n": 2}, {"bm": "q|0|2|", "lp": 100, "n": 2}]
+    sent: list[dict[str, Any]] = []
+    acks = AckBatcher(sent.append, batch_size=2, timeout=60)  # the batch fills first
+    built = message_module.batch_messages(recs, b"{}{}", ("publish", "q", "s", acks))  # type: ignore[misc]
+    messages = list(built)
+    assert all(m.acks is acks for m in messages)
+    for m in messages:
+        m.ack()
+    acks.close()
+    assert sent == [{"c": "sow_delete", "t": "q", "bm": "q|0|1|,q|0|2|"}]
+
+
 def test_the_core_stops_at_an_entry_it_is_not_sure_of() -> None:
     recs = [{"n": 1}, {"n": True}, {"n": 1}]
-    built = message_module.batch_messages(recs, b"ab", ("sow", "t", None))  # type: ignore[misc]
+    built = message_module.batch_messages(recs, b"ab", ("sow", "t", None, None))  # type: ignore[misc]
     assert len(list(built)) == 1 and (built.read, built.offset) == (1, 1)
 
 
