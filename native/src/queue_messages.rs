@@ -228,11 +228,13 @@ fn push_bookmark<'py>(
 }
 
 /// A topic's text as written into a bookmark or an event, escaped as in a JSON string or
-/// as it is, kept for the last topic object written: the ids of a burst or an ack share
-/// their topic's object (`acks.rs`, the entries' ids), so it is read and escaped once.
+/// as it is, kept for the last topic written: the ids of a burst or an ack mostly name
+/// one topic (each entry's id has a text object of its own, as the consumer made it, so
+/// the text is compared, not the object), so it is escaped once.
 pub(crate) struct TopicText<'py> {
     escaped: bool,
     topic: Option<Bound<'py, PyAny>>,
+    raw: Vec<u8>,
     text: Vec<u8>,
 }
 
@@ -241,6 +243,7 @@ impl<'py> TopicText<'py> {
         Self {
             escaped,
             topic: None,
+            raw: Vec::new(),
             text: Vec::new(),
         }
     }
@@ -248,12 +251,16 @@ impl<'py> TopicText<'py> {
     /// Appends the text of `topic`, an exact str; None (nothing written) for another.
     pub(crate) fn write(&mut self, out: &mut Vec<u8>, topic: Bound<'py, PyAny>) -> Option<()> {
         if !self.topic.as_ref().is_some_and(|last| last.is(&topic)) {
-            let text = topic.cast_exact::<PyString>().ok()?.to_str().ok()?;
-            self.text.clear();
-            if self.escaped {
-                escape_into(&mut self.text, text);
-            } else {
-                self.text.extend_from_slice(text.as_bytes());
+            let raw = topic.cast_exact::<PyString>().ok()?.to_str().ok()?;
+            if self.topic.is_none() || raw.as_bytes() != self.raw.as_slice() {
+                self.raw.clear();
+                self.raw.extend_from_slice(raw.as_bytes());
+                self.text.clear();
+                if self.escaped {
+                    escape_into(&mut self.text, raw);
+                } else {
+                    self.text.extend_from_slice(raw.as_bytes());
+                }
             }
             self.topic = Some(topic);
         }
