@@ -48,7 +48,7 @@ pub(crate) extern "C" fn logged(
     facility: *const c_char,
     line: *const c_char,
 ) {
-    if level > WARNING {
+    if level > WARNING || rk.is_null() {
         return;
     }
     let opaque = match API.get() {
