@@ -1,7 +1,8 @@
 """The compiled maker of a queue's delivered messages (native/src/queue_messages.rs)
-against its Python twin (processor/queues.py `_messages_twin`), and the compiled writer
+against its Python twin (processor/queues.py `_messages_twin`), the compiled writer
 of a batched subscription's `recs` entries against its twin (server/queues.py
-`_write_recs_twin`).
+`_write_recs_twin`), and the compiled count of redeliveries against its twin
+(processor/queue_recording.py `_redelivered_twin`).
 
 The maker writes each QueueMessage's slots itself and reads the deliveries' slots where
 their classes store them, so every slot of every message must hold what the twin's
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 
 from amps_on_kafka.log.codecs import BINARY, JSON
 from amps_on_kafka.native import core
+from amps_on_kafka.processor import queue_recording
+from amps_on_kafka.processor.queue_recording import _redelivered_twin, redelivered
 from amps_on_kafka.processor.queues import QueueMessage, _message, _messages_twin, messages_of
 from amps_on_kafka.server.queues import _write_recs_twin, burst_records, write_recs
 from amps_on_kafka.state.queue_types import Delivery, QueueEntry, Subscription
@@ -164,3 +167,24 @@ def test_the_writer_stops_where_the_caller_goes_on():
     odd = [Delivery(SUBSCRIPTIONS[1], QueueEntry(("t", 0, 1), 2**64, b""), None)]
     assert write_recs(odd, 0, 0, None, [], [], 0) == (0, 0)
     assert write_recs(batch, 0, 2**64, None, [], [], 0) == (0, 0)
+
+
+@given(st.lists(st.tuples(deliveries(), INTS | st.integers(0, 3)), max_size=6))
+def test_redeliveries_are_counted_as_the_twin_counts(drawn):
+    """Any deliveries (of other classes, with a count that is a bool or beyond 64 bits
+    among them): the compiled count is the twin's, or None where any is not the common
+    form and the twin counts them all."""
+    assert queue_recording._redelivered_compiled is not None
+    batch = []
+    for delivery, times in drawn:
+        delivery.entry.deliveries = times
+        batch.append(delivery)
+    common = all(
+        type(d) is Delivery
+        and type(d.entry.deliveries) is int
+        and -(2**63) <= d.entry.deliveries < 2**63
+        for d in batch
+    )
+    counted = queue_recording._redelivered_compiled(batch)
+    assert counted == (_redelivered_twin(batch) if common else None)
+    assert redelivered(batch) == _redelivered_twin(batch)
