@@ -277,8 +277,35 @@ class SowEngine:
             now = self.clock()
         finally:
             self.lock.release()
+        return self.kept(topic, filter, found, now)
+
+    def stored(
+        self, topic: str, sow_key: str
+    ) -> tuple[list[tuple[PartitionStore, bytes]], int] | None:
+        """look_up's read of one key, the stored bytes as they are: each owned store that
+        holds `sow_key` with its stored record, and the clock, in one moment under the
+        lock (None while the worker holds it, as look_up). A key look-up's answer is
+        written from these bytes by the compiled core (server/queries.py _key_answer),
+        with no SowRecord made; where it is not sure, kept() decides on the records."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            raw = sow_key.encode()
+            found = [
+                (s, stored) for s in self._owned(topic) if (stored := s.stored(raw)) is not None
+            ]
+            now = self.clock()
+        finally:
+            self.lock.release()
+        return found, now
+
+    def kept(
+        self, topic: str, filter: Filter | KeyEquality, records: list[SowRecord], now: int
+    ) -> QueryResult:
+        """The records of a look-up that query() would give as of `now`: not expired,
+        and matching `filter`."""
         rules = self.rules[topic]
-        kept = [r for r in found if not rules.is_expired(r, now) and _matches(filter, r)]
+        kept = [r for r in records if not rules.is_expired(r, now) and _matches(filter, r)]
         return QueryResult(kept, len(kept))
 
     def stream(self, topic: str, filter: Filter | None = None) -> Iterator[SowRecord]:

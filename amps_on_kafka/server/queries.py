@@ -33,6 +33,7 @@ from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, co
 from amps_on_kafka.server.scans import compiled_writes
 from amps_on_kafka.server.subscriptions import SUBSCRIBE_OPTIONS, SowSubscription, subscription_id
 from amps_on_kafka.state.record import SowRecord
+from amps_on_kafka.state.store import PartitionStore
 
 if TYPE_CHECKING:
     from amps_on_kafka.server.session import Session
@@ -103,7 +104,11 @@ def _key_answer(session: Session, request: Request) -> tuple[bytes, int] | None:
     path, made on the event loop with no Query and no Filter: the key from the literal
     (expr/keys.py KeyEquality), a point get, the frames from a template. Parsing the
     filter (even without the parser), the Query and the key pinned from the filter's tree
-    were a fifth of a look-up's CPU (docs/performance.md). None for any other query,
+    were a fifth of a look-up's CPU (docs/performance.md). On a JSON topic keyed by a
+    top-level field the compiled core writes the answer from the stored bytes (the
+    header, the expiry and the equality read on them: native/src/lookups.rs
+    key_answer), with no SowRecord, decoded payload or entry made here; the records and
+    _answer_at_once, its twin, answer wherever it is not sure. None for any other query,
     across a cluster, or while the worker holds the engine: the general path then
     (parse_query on the pool, then _looked_up), whose answers these are."""
     header, gateway = request.header, session.gateway
@@ -114,8 +119,38 @@ def _key_answer(session: Session, request: Request) -> tuple[bytes, int] | None:
     if gateway.engine.sow_config(topic).key != (equality.path,):  # UnknownTopic first
         return None
     batch = count(header, "bs", default=DEFAULT_BATCH, limit=MAX_BATCH) or 1
-    result = gateway.engine.look_up(topic, equality, [equality.key])
-    return None if result is None else _answer_at_once(request, topic, batch, result)
+    read = gateway.engine.stored(topic, equality.key)
+    if read is None:
+        return None
+    return _stored_answer(request, gateway.engine, topic, batch, equality, *read)
+
+
+def _stored_answer(
+    request: Request,
+    engine: SowEngine,
+    topic: str,
+    batch: int,
+    equality: KeyEquality,
+    found: list[tuple[PartitionStore, bytes]],
+    now: int,
+) -> tuple[bytes, int]:
+    """_key_answer's answer from the stores' stored records of its key (`found`, read
+    with the clock `now`): written by the compiled core from the bytes where it is sure
+    of it (native/src/lookups.rs key_answer: a JSON topic, a top-level field, a record
+    that never expires), else by the twin: the records made, engine.kept, then
+    _answer_at_once."""
+    rules, key = engine.rules[topic], equality.key
+    if core is not None and rules.codec.message_type == "json" and len(equality.steps) == 1:
+        echo, acked, wants = _echoes(request, topic)
+        stored = [(store.partition, record) for store, record in found]
+        answer: tuple[bytes, int] | None = core.key_answer(
+            echo, acked, wants, topic, key, equality.path[1:], equality.literal, stored, now,
+            rules.expiring, batch, BATCH_BYTES,
+        )  # fmt: skip
+        if answer is not None:
+            return answer
+    records = [store.record_of(key, record) for store, record in found]
+    return _answer_at_once(request, topic, batch, engine.kept(topic, equality, records, now))
 
 
 def _looked_up(session: Session, query: Query) -> QueryResult | None:
@@ -314,9 +349,7 @@ def _answer_at_once(
     (native/src/lookups.rs: the Python frames were a quarter of a look-up's
     instructions), else by _answer_frames, its twin."""
     header, records = request.header, result.records
-    echo = orjson.dumps({**ids(header), "t": topic})[1:-1]  # group()'s keys, ack()'s but `s`
-    acked = echo + b',"s":' + orjson.dumps(header["s"]) if "s" in header else echo
-    wants = (request.wants("processed"), request.wants("stats"), request.wants("completed"))
+    echo, acked, wants = _echoes(request, topic)
     if core is None or any(converted(record.codec) for record in records):
         return _answer_frames(header, topic, echo, acked, wants, result, batch_size)
     entries = [
@@ -327,6 +360,17 @@ def _answer_at_once(
         echo, acked, wants, entries, result.matches, batch_size, BATCH_BYTES
     )
     return answer
+
+
+def _echoes(request: Request, topic: str) -> tuple[bytes, bytes, tuple[bool, bool, bool]]:
+    """The keys an answer's group frames echo (group()'s), those its acks echo (ack()'s:
+    `s` too), both encoded without braces, and whether the processed, stats and
+    completed acks are asked for."""
+    header = request.header
+    echo = orjson.dumps({**ids(header), "t": topic})[1:-1]
+    acked = echo + b',"s":' + orjson.dumps(header["s"]) if "s" in header else echo
+    wants = (request.wants("processed"), request.wants("stats"), request.wants("completed"))
+    return echo, acked, wants
 
 
 def _seconds(record: SowRecord) -> bytes | None:

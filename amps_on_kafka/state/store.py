@@ -284,6 +284,11 @@ class PartitionStore:
         raw = self._sow.get(sow_key.encode())
         return None if raw is None else self._record(sow_key.encode(), raw)
 
+    def stored(self, raw_key: bytes) -> bytes | None:
+        """The stored record of a key as it is (header and payload), or None."""
+        stored: bytes | None = self._sow.get(raw_key)
+        return stored
+
     def get_many(self, sow_keys: Iterable[str]) -> list[SowRecord]:
         keys = [k.encode() for k in sow_keys]
         if len(keys) < 2:  # one key (a look-up by key): a get is 5 us, a multi-get of one 12

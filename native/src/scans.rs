@@ -22,10 +22,10 @@ use crate::filters::RawFilter;
 
 /// A stored record's header: offset, timestamp (ms) and deadline (ms, 0: never), each a
 /// big-endian signed 64-bit integer (`amps_on_kafka/state/record.py`).
-const HEADER: usize = 24;
-const NEVER: i64 = 0;
+pub(crate) const HEADER: usize = 24;
+pub(crate) const NEVER: i64 = 0;
 
-fn int_at(stored: &[u8], at: usize) -> i64 {
+pub(crate) fn int_at(stored: &[u8], at: usize) -> i64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(&stored[at..at + 8]);
     i64::from_be_bytes(word)
