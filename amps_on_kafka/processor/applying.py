@@ -47,7 +47,12 @@ from amps_on_kafka.state.store import PartitionStore, Replacements
 # (docs/operations.md, Logging)
 log = logging.getLogger("amps_on_kafka.processor.worker")
 
-MAX_IDLE_WAIT = 0.05  # seconds: bounds expiration lag when no records arrive
+# Seconds a turn waits for records when nothing is due sooner (a deadline, a held
+# partition's retry): each idle turn wakes the loop's thread and takes the GIL for
+# 0.1-0.3 ms, which a gateway answering in the same process waited on, at 20 turns a
+# second (docs/performance.md, the look-up's ninth round). A stop waits for it at most.
+MAX_IDLE_WAIT = 0.25
+STANDBY_WAIT = 0.05  # ...while standby copies are kept: their consumer is read once a turn
 BATCH_SIZE = 5000  # records a turn of the loop consumes at most
 # ...and while a deadline is less than NEAR_DEADLINE_MS away: the records it lets due
 # wait for the turn's apply (docs/performance.md, "Expiration lag")
@@ -246,10 +251,16 @@ class Applying:
         return min((d for d in (s.next_deadline() for s in stores) if d is not None), default=None)
 
     def _wait_time(self, next_due: int | None) -> float:
-        """How long the loop may wait for records: until the next deadline."""
-        if next_due is None:
-            return MAX_IDLE_WAIT
-        return max(0.0, min(MAX_IDLE_WAIT, (next_due - self.clock()) / 1000))
+        """How long the loop may wait for records: until the next deadline or a held
+        partition's retry, at most MAX_IDLE_WAIT (STANDBY_WAIT with standby copies).
+        Records, and the group's rebalances, end the wait as they arrive."""
+        wait = MAX_IDLE_WAIT if self._standby is None else STANDBY_WAIT
+        if next_due is not None:
+            wait = min(wait, (next_due - self.clock()) / 1000)
+        if self._held:
+            retry = min(at for at, _ in self._held.values())
+            wait = min(wait, retry - time.monotonic())
+        return max(0.0, wait)
 
     def _turn_size(self, next_due: int | None) -> int:
         """Records one turn takes: EXPIRY_TURN while a deadline is near, so the sweep

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -11,7 +12,7 @@ from confluent_kafka import Producer
 from amps_on_kafka.admin.view import worker_view
 from amps_on_kafka.expr import compile_filter
 from amps_on_kafka.log.replay import Replay
-from amps_on_kafka.processor.applying import MAX_IDLE_WAIT
+from amps_on_kafka.processor.applying import MAX_IDLE_WAIT, STANDBY_WAIT
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.state.sow import Applied, DictState
 from tests.sow.conftest import sow_config, wait_caught_up
@@ -169,6 +170,50 @@ def test_a_second_worker_in_the_group_takes_half_the_partitions(
     wait_caught_up(second, bootstrap, sow_topic, 2, owned_only=True)
     both = sow_of(first, sow_topic) | sow_of(second, sow_topic)
     assert len(sow_of(first, sow_topic)) < 40 and len(both) == 40
+
+
+def _voluntary_switches(thread: threading.Thread) -> int:
+    with open(f"/proc/self/task/{thread.native_id}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc")
+
+
+def test_an_idle_worker_wakes_a_few_times_a_second(bootstrap, sow_topic, publisher, start_worker):
+    """With nothing to consume and nothing due, the loop's thread waits MAX_IDLE_WAIT a
+    turn: each wake-up takes the GIL from a gateway answering in the same process
+    (docs/performance.md, the look-up's ninth round). At the old 50 ms it woke 20 times a
+    second (40 in these 2 s); now about 4."""
+    worker = start_worker(sow_config(sow_topic))
+    publisher.publish(sow_topic, {"id": 1})
+    publisher.publish_flush(10)
+    wait_caught_up(worker, bootstrap, sow_topic, 2)
+    thread = worker._thread
+    assert thread is not None and thread.native_id is not None
+    before = _voluntary_switches(thread)
+    time.sleep(2)  # the idle span measured, not a synchronization
+    woke = _voluntary_switches(thread) - before
+    assert woke <= 20, f"the idle loop woke {woke} times in 2 s"
+
+
+def test_the_idle_wait_ends_at_a_held_partitions_retry_and_is_short_with_standby(
+    bootstrap, sow_topic, start_worker
+):
+    """A held partition's retry and a deadline shorten the idle wait; with standby
+    copies (whose consumer is read once a turn) it is STANDBY_WAIT."""
+    worker = start_worker(sow_config(sow_topic))
+    assert worker._wait_time(None) == MAX_IDLE_WAIT
+    assert worker._wait_time(now_ms() + 20) <= 0.02
+    worker._held[("x", 0)] = (time.monotonic() + 0.1, 0.1)
+    assert 0.05 < worker._wait_time(None) <= 0.1
+    worker._held[("x", 0)] = (math.inf, 0.1)  # resumed: not due again
+    assert worker._wait_time(None) == MAX_IDLE_WAIT
+    worker._standby = object()  # as the loop reads it: standby copies are kept
+    try:
+        assert worker._wait_time(None) == STANDBY_WAIT
+    finally:
+        worker._standby = None
 
 
 def test_a_passed_deadline_in_a_topic_without_expiration_does_not_wake_the_loop(
