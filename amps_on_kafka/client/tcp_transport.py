@@ -11,8 +11,9 @@ own and are echoed on every ack.
 
 from __future__ import annotations
 
+import itertools
 import queue
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -23,17 +24,25 @@ from amps_on_kafka.client.stream import MessageStream
 from amps_on_kafka.client.tcp_connection import (
     CLOSE_TIMEOUT,
     COMMAND_TIMEOUT,
+    Item,
     TcpConnection,
+    _raise_failure,
+    _records,
+    _unpack,
     unanswered_logon,
 )
 from amps_on_kafka.client.tls import TlsOptions
-from amps_on_kafka.errors import MessageError, TransportError, WrongTransport
+from amps_on_kafka.errors import AmpsError, MessageError, TransportError, WrongTransport
 from amps_on_kafka.log.codecs import check_payload, check_topic
 from amps_on_kafka.log.envelope import Command, check_expiration
+from amps_on_kafka.log.message import COMPLETED, Completed
 from amps_on_kafka.log.publisher import FailedWrite, not_persisted
+from amps_on_kafka.protocol.frames import Frame
 
 DEFAULT_BATCH = 100
 MAX_PARTITIONS = 10_000  # a delete by filter writes one record per partition, at most this
+
+SMALL_ANSWER = 2  # frames of records a query's caller reads before its stream is iterated
 
 SOW = frozenset({"sow"})  # what a query's stream keeps for an iterator
 QUERY_GROUPS = frozenset({"group_begin", "sow", "group_end"})  # and for a handler
@@ -202,19 +211,65 @@ class TcpTransport(TcpConnection):
         groups: bool = False,
     ) -> MessageStream:
         """The matching records (command "sow"); the stream ends after the last one.
-        `groups`: group_begin and group_end around them as well (a handler's stream)."""
+        `groups`: group_begin and group_end around them as well (a handler's stream).
+
+        A small answer (a look-up by key) comes in the read that brought the command's
+        ack: its messages are made here, in one go, and the stream is a list's
+        (`_answered`); a larger one streams, the route read as its stream is iterated."""
         header: dict[str, Any] = {
             "c": "sow",
             "t": topic,
             "a": "processed,completed",
             "bs": batch_size,
         }
-        _set(header, f=filter, orderby=order_by, top_n=top_n)
+        if filter is not None:  # not _set: its generator and keywords, a look-up at a time
+            header["f"] = filter
+        if order_by is not None or top_n is not None:
+            _set(header, orderby=order_by, top_n=top_n)
         cid, replies, _ = self._open(header, self._commands, None)
-        records = self._items(
-            replies, self._commands, cid, keep=QUERY_GROUPS if groups else SOW, until_done=True
-        )
-        return MessageStream(records, lambda: self._end(self._commands, cid), idle_timeout=timeout)
+        keep = QUERY_GROUPS if groups else SOW
+        messages, end = self._answered(replies, keep)
+        if end is None:  # more to come: the stream reads it, after what was taken
+            items = self._items(replies, self._commands, cid, keep=keep, until_done=True)
+            source = itertools.chain(messages, items) if messages else items
+            return MessageStream(
+                source, lambda: self._end(self._commands, cid), idle_timeout=timeout
+            )
+        self._commands.pop(cid, None)  # nothing more comes for this cid
+        if isinstance(end, BaseException):  # raised after the messages before it, as _items
+            return MessageStream(itertools.chain(messages, _raise(end)), _nothing)
+        return MessageStream(iter(messages), _nothing, idle_timeout=timeout)
+
+    def _answered(
+        self, replies: queue.SimpleQueue[Any], keep: frozenset[str]
+    ) -> tuple[list[Item], BaseException | Completed | None]:
+        """The messages of the frames already routed to a query's `replies`, and how
+        they end: COMPLETED (the answer is whole), the error to raise after them (a
+        failure ack, a lost connection), or None (more to come). It takes at most
+        SMALL_ANSWER frames of records, so a large answer still streams with bounded
+        memory. Each frame is read by _items' rule (its twin for frames already routed:
+        tests/client_tcp/test_small_answers.py holds the two to the same messages)."""
+        messages: list[Item] = []
+        batches = 0
+        while batches < SMALL_ANSWER and not replies.empty():
+            frame = replies.get_nowait()
+            if type(frame) is not Frame:  # _LOST: the connection is gone
+                return messages, self._lost
+            header = frame.header
+            command = header.get("c")
+            if command == "sow":  # a batch of records
+                messages += _records("sow", frame)
+                batches += 1
+            elif command == "ack":
+                try:
+                    _raise_failure(header)
+                except AmpsError as exc:
+                    return messages, exc
+                if header.get("a") == "completed":
+                    return messages, COMPLETED
+            elif command in keep:  # a group frame a handler keeps
+                messages += _unpack(frame)
+        return messages, None
 
     def subscribe(
         self,
@@ -295,6 +350,16 @@ class TcpTransport(TcpConnection):
     def _stop_subscription(self, sub_id: str, deliveries: queue.SimpleQueue) -> None:
         if self._end(self._subs, sub_id, deliveries) and self._lost is None:
             self._send({"c": "unsubscribe", "sub_id": sub_id})
+
+
+def _nothing() -> None:
+    """A whole answer's stream has no route to end when it is closed."""
+
+
+def _raise(error: BaseException) -> Iterator[Item]:
+    """The end of a stream whose answer failed: the error, raised as it is iterated."""
+    raise error
+    yield  # a generator: nothing is raised until the stream gets this far
 
 
 def _set(header: dict[str, Any], **fields: Any) -> None:
