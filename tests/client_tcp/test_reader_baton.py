@@ -252,3 +252,66 @@ def test_close_from_another_thread_ends_a_caller_reading_for_its_reply(scripted)
     client.close()
     with pytest.raises(TransportError, match="connection"):
         waiting.result(WAIT)
+
+
+# -- subscriptions: the reader thread reads for them ------------------------------------
+def burst(sub_id: str, first: int, count: int, size: int = 2) -> bytes:
+    """A queue's burst frame (option `batch`) of `count` messages of `size` bytes each,
+    bookmarks q|0|first| onwards."""
+    recs = [{"bm": f"q|0|{n}|", "lp": 60_000, "n": size} for n in range(first, first + count)]
+    header = {"c": "publish", "t": "q", "sub_id": sub_id, "recs": recs}
+    return encode_frame(header, b"0" * size * count)
+
+
+def subscribed(gateway: ScriptedGateway, client: Client, pool: ThreadPoolExecutor) -> tuple:
+    """A queue subscription opened through the scripted gateway: its stream and sub_id."""
+    opened = pool.submit(client.subscribe, "q", options="max_backlog=1000,batch")
+    header = gateway.recv().header
+    gateway.send(ack(header["cid"], sub_id=header["sub_id"]))
+    return opened.result(WAIT), header["sub_id"]
+
+
+def test_acks_go_out_on_their_timeout_while_the_stream_waits(scripted):
+    """The application acks, then its stream waits for more: the partial batch goes out
+    after the ack timeout (the timer writes, whoever holds the socket to read)."""
+    gateway, client, pool = scripted
+    client.set_ack_batch_size(100)
+    client.set_ack_timeout(0.05)
+    stream, sub_id = subscribed(gateway, client, pool)
+    gateway.send(burst(sub_id, 1, 3))
+    for _ in range(3):
+        stream.next(timeout=WAIT).ack()
+    more = pool.submit(stream.next, WAIT)
+    assert gateway.recv().header == {"c": "sow_delete", "t": "q", "bm": "q|0|1|,q|0|2|,q|0|3|"}
+    gateway.send(burst(sub_id, 4, 1))
+    assert more.result(WAIT).bookmark == "q|0|4|"
+
+
+def test_a_busy_applications_subscription_is_still_read(scripted):
+    """Nobody iterates the stream (the application is busy): the reader thread reads its
+    deliveries, so the gateway can write them all (32 MiB, more than both sockets'
+    buffers hold: it is not cut as a slow consumer) and the stream then has them, in
+    order."""
+    gateway, client, pool = scripted
+    stream, sub_id = subscribed(gateway, client, pool)
+    frames = [burst(sub_id, 1000 * n, 1000, size=2048) for n in range(16)]
+    for frame in frames:
+        gateway.send(frame)  # a socket timeout (WAIT) here: nobody read them
+    bookmarks = [stream.next(timeout=WAIT).bookmark for _ in range(16_000)]
+    assert bookmarks == [f"q|0|{n}|" for n in range(16_000)]
+
+
+def test_two_subscriptions_on_one_connection_each_get_theirs(scripted):
+    """Two streams of one connection iterated by two threads, their bursts interleaved:
+    each gets its own, in order."""
+    gateway, client, pool = scripted
+    (first, first_id), (second, second_id) = (subscribed(gateway, client, pool) for _ in "ab")
+
+    def take(stream: Any) -> list[str]:
+        return [stream.next(timeout=WAIT).bookmark for _ in range(500)]
+
+    takers = [pool.submit(take, first), pool.submit(take, second)]
+    for n in range(100):
+        gateway.send(burst(first_id, 5 * n, 5) + burst(second_id, 10_000 + 5 * n, 5))
+    assert takers[0].result(WAIT) == [f"q|0|{n}|" for n in range(500)]
+    assert takers[1].result(WAIT) == [f"q|0|{n}|" for n in range(10_000, 10_500)]
