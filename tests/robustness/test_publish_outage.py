@@ -63,6 +63,7 @@ class Storm:
         self.changed = threading.Condition()
         self.stop = threading.Event()
         self.flushed = threading.Event()
+        self.gone: Exception | None = None  # what ended the reader, if anything did
         self._decoder = FrameDecoder(1 << 30)
 
     def run(self) -> None:
@@ -82,24 +83,47 @@ class Storm:
         return encode_frame(header, orjson.dumps({"id": number}))
 
     def _read(self) -> None:
-        while data := self.sock.recv(1 << 16):
-            for frame in self._decoder.feed(data):
-                assert not isinstance(frame, BadFrame)
-                if frame.header.get("cid") == "flush":
-                    self.flushed.set()
-                elif frame.header.get("a") == "persisted" or frame.header["status"] == "failure":
-                    with self.changed:
-                        self.acks.append(frame.header)
-                        self.persisted += frame.header["status"] == "success"
-                        self.changed.notify_all()
+        """Collect the answers until the gateway closes. A quiet socket is no failure:
+        plain publishes are answered only when they fail, and the socket's timeout (for
+        the sender's writes) would end this thread while the gateway still writes, so
+        its writes would back up and it would stop reading the storm. A reader that dies
+        says why in every timed-out wait (`gone`)."""
+        try:
+            while True:
+                try:
+                    data = self.sock.recv(1 << 16)
+                except TimeoutError:
+                    continue
+                if not data:
+                    return
+                self._answers(data)
+        except Exception as exc:
+            self.gone = exc
+            raise
+
+    def _answers(self, data: bytes) -> None:
+        for frame in self._decoder.feed(data):
+            assert not isinstance(frame, BadFrame)
+            if frame.header.get("cid") == "flush":
+                self.flushed.set()
+            elif frame.header.get("a") == "persisted" or frame.header["status"] == "failure":
+                with self.changed:
+                    self.acks.append(frame.header)
+                    self.persisted += frame.header["status"] == "success"
+                    self.changed.notify_all()
 
     def wait_for(self, what: str, test) -> None:
         with self.changed:
             assert self.changed.wait_for(lambda: test(self.acks), WAIT), (
                 f"no {what} in time: {self.sent} sent, {self.successes()} persisted, "
                 f"{len(self.acks) - self.successes()} failed, the last answer {self.acks[-1:]}; "
-                f"{self.state()}"
+                f"{self.said()}"
             )
+
+    def said(self) -> str:
+        """What a stalled storm's reader and gateway say."""
+        reader = f"ended by {self.gone!r}" if self.gone else "reads"
+        return f"the reader {reader}; {self.state()}"
 
     def successes(self) -> int:
         return self.persisted
@@ -173,7 +197,7 @@ def test_a_broker_outage_under_a_publish_storm_loses_nothing_acknowledged(
         storm.wait_for("recovery", lambda acks: storm.successes() > before + 1000)
 
         storm.stop.set()
-        assert storm.flushed.wait(WAIT), f"the flush was not answered: {storm.state()}"
+        assert storm.flushed.wait(WAIT), f"the flush was not answered: {storm.said()}"
         sender.join(WAIT)
         assert in_flight(gateway) == 0  # the outage's publishes are all accounted for
 
@@ -213,7 +237,7 @@ def test_a_broker_outage_under_plain_publishes_answers_each_one_not_written(priv
         storm.wait_for("failure", lambda acks: any(a["status"] == "failure" for a in acks))
         broker.start()
         storm.stop.set()
-        assert storm.flushed.wait(WAIT), f"the flush was not answered: {storm.state()}"
+        assert storm.flushed.wait(WAIT), f"the flush was not answered: {storm.said()}"
         sender.join(WAIT)
         assert in_flight(gateway) == 0
 
