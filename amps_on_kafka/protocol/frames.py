@@ -18,6 +18,7 @@ the compiled core (native/src/frames.rs) reads such a header without a dict.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class BadFrame:
 Publish = tuple[str, int | None, bytes]  # a plain publish: topic, `s` (None: none), payload
 Event = Frame | BadFrame | Publish
 Decode = Callable[[int, int, int], Event]  # (header start, header length, frame end)
+Split = Callable[[bytearray, int, int, Decode], tuple[list[Event], int]]  # split_frames
 
 
 def plain_publish(header: dict[str, Any]) -> tuple[str, int | None] | None:
@@ -138,7 +140,14 @@ class FrameDecoder:
         self.max_frame_bytes = max_frame_bytes
         self.broken = False
         self._decode: Decode = self._publish_or_frame if publishes else self._frame
-        self._split = core.split_frames if publishes and core is not None else split_frames
+        self._split: Split = split_frames
+        if core is not None:  # the compiled split: a client's frames made without a Python
+            # frame each (client_frames), the gateway's plain publishes read without a dict
+            self._split = (
+                core.split_frames
+                if publishes
+                else functools.partial(core.client_frames, loads=orjson.loads, frame=Frame)
+            )
         self._buffer = bytearray()
         self._pos = 0
         self._skip = 0  # bytes of an oversized or malformed frame still to discard

@@ -18,7 +18,9 @@ use std::borrow::Cow;
 use std::fmt;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyByteArray, PyByteArrayMethods, PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyByteArrayMethods, PyBytes, PyDict, PyList, PyString, PyTuple,
+};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 
 use crate::json_scan;
@@ -207,6 +209,49 @@ fn split_frames<'py>(
     Ok((events, pos))
 }
 
+/// `client_frames(buffer, pos, limit, decode, loads, frame)`: the twin's events
+/// (protocol/frames.py, split_frames with FrameDecoder._frame) for the whole frames within
+/// `limit` from `pos` on, as a client reads them: each header given to `loads` (orjson's)
+/// and made `frame(header, payload)` here, with no Python frame of the twin's a frame.
+/// A header `loads` refuses, or that is not a JSON object, goes to `decode`, the twin's
+/// own, which names the problem (a BadFrame), so the events are the twin's.
+#[pyfunction]
+fn client_frames<'py>(
+    buffer: &Bound<'py, PyByteArray>,
+    mut pos: usize,
+    limit: usize,
+    decode: &Bound<'py, PyAny>,
+    loads: &Bound<'py, PyAny>,
+    frame: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyList>, usize)> {
+    let py = buffer.py();
+    let events = PyList::empty(py);
+    loop {
+        // SAFETY: the bytes are copied out before any Python code runs (`loads` gets its
+        // own bytes object); they are borrowed again after, and nothing here resizes them.
+        let data = unsafe { buffer.as_bytes() };
+        if data.len() < pos + 8 {
+            break;
+        }
+        let (total, header_length) = (length(data, pos), length(data, pos + 4));
+        let end = pos + 4 + total;
+        if total < 4 || header_length > total - 4 || total > limit || end > data.len() {
+            break;
+        }
+        let start = pos + 8;
+        let header = PyBytes::new(py, &data[start..start + header_length]);
+        let payload = PyBytes::new(py, &data[start + header_length..end]);
+        match loads.call1((header,)) {
+            Ok(parsed) if parsed.is_instance_of::<PyDict>() => {
+                events.append(frame.call1((parsed, payload))?)?
+            }
+            _ => events.append(decode.call1((start, header_length, end))?)?,
+        }
+        pos = end;
+    }
+    Ok((events, pos))
+}
+
 /// `plain_extent(events, start, last, room, overhead, takes)`: the twin's
 /// (server/publishing.py, `plain_extent_twin`) `(end, size)` of the run of Publish tuples
 /// from `events[start]` before `last` whose topics `takes` (asked once a topic) and whose
@@ -285,6 +330,7 @@ pub(crate) fn valid(payload: &[u8]) -> bool {
 
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(split_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(client_frames, m)?)?;
     m.add_function(wrap_pyfunction!(plain_extent, m)?)?;
     m.add_function(wrap_pyfunction!(publish_key, m)?)
 }

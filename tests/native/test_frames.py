@@ -1,5 +1,6 @@
 """The compiled split of a gateway read into frames (native/src/frames.rs) against its
-Python twin (protocol/frames.py, split_frames) and against the decoder as it was; and
+Python twin (protocol/frames.py, split_frames) and against the decoder as it was, and
+the compiled split of a client's read (client_frames) against the same twin; and
 the compiled read of a plain publish's SOW key against its twin
 (log/one_frame_publishers.py, payload_key).
 
@@ -131,16 +132,17 @@ def today(events: list[Event]) -> list[Event]:
 
 def read_three_ways(stream: bytes, cuts: list[int]) -> list[tuple[list[Event], ...]]:
     compiled = FrameDecoder(LIMIT, publishes=True)
+    plain = FrameDecoder(LIMIT)  # a client's decoder: compiled too (client_frames)
     with mock.patch.object(frames, "core", None):
-        twin = FrameDecoder(LIMIT, publishes=True)
-    plain = FrameDecoder(LIMIT)
+        twin, plain_twin = FrameDecoder(LIMIT, publishes=True), FrameDecoder(LIMIT)
     reads, start = [], 0
     for end in [*sorted(cuts), len(stream)]:
         chunk = stream[start:end]
         start = max(start, end)
-        results = tuple(d.feed(chunk) for d in (compiled, twin, plain))
+        results = tuple(d.feed(chunk) for d in (compiled, twin, plain, plain_twin))
+        assert results[2] == results[3]  # a client's compiled split gives its twin's events
         reads.append((*results[:2], today(results[2])))
-        states = {(d.partial, d.broken) for d in (compiled, twin, plain)}
+        states = {(d.partial, d.broken) for d in (compiled, twin, plain, plain_twin)}
         assert len(states) == 1, states
     return reads
 
