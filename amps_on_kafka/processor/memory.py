@@ -69,6 +69,14 @@ class IdleTrim:
         self._applied = False  # records applied since the last trim
         self._last = -math.inf  # time.monotonic() of the last trim
 
+    def mark(self) -> None:
+        """The low mark, if none is set yet: the resident size as the worker is assigned
+        its partitions, before their records arrive (with a wait of up to a quarter
+        second a turn, a burst published at once may come before any idle turn)."""
+        resident = resident_bytes() if self.low is None else None
+        if resident is not None:
+            self.low = self._after_last = resident
+
     def applied(self) -> None:
         """The loop applied records: what they held may be freed by now."""
         self._applied = True

@@ -338,6 +338,10 @@ class Worker(Assignment, Applying):
             if self.queues is not None:
                 self.queues.stop()
 
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        super()._on_assign(consumer, partitions)
+        self.idle_trim.mark()
+
     def _consumer(self) -> Consumer:
         return Consumer(
             {

@@ -62,3 +62,18 @@ def test_the_idle_trim_follows_applied_records_and_waits_an_interval_unless_memo
     resident[0] = 131 * MIB  # grew more than the slack since the last trim: at once
     trim.idle()
     assert (trim.trims, trim.low) == (2, 100 * MIB)  # the low mark never rises
+
+
+def test_the_low_mark_is_taken_at_assignment_so_a_burst_before_any_idle_turn_is_trimmed(
+    monkeypatch,
+):
+    resident = [100 * MIB]
+    monkeypatch.setattr(memory, "resident_bytes", lambda: resident[0])
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: None)
+    trim = IdleTrim(slack=10 * MIB, interval=3600)
+    trim.mark()  # partitions assigned: 100 MiB
+    resident[0] = 300 * MIB  # a burst applied before the loop's first idle turn
+    trim.mark()  # a later rebalance does not move the mark
+    trim.applied()
+    trim.idle()
+    assert (trim.trims, trim.low) == (1, 100 * MIB)
