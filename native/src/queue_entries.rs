@@ -92,12 +92,20 @@ impl EntryReader {
         bad: &Bound<PyList>,
     ) -> PyResult<usize> {
         let py = records.py();
+        // The consumer makes each record a topic text of its own: the run's ids share
+        // the last one instead, so the engine's dicts (entries, leases, changed) compare
+        // their ids' topics by identity and hash them once, and a message holds no copy.
+        let mut last_topic: Option<Bound<PyAny>> = None;
         for at in start..records.len() {
             let record = records.get_item(at)?;
             if !record.call_method0(intern!(py, "error"))?.is_none() {
                 return Ok(at);
             }
-            let topic = record.call_method0(intern!(py, "topic"))?;
+            let mut topic = record.call_method0(intern!(py, "topic"))?;
+            match &last_topic {
+                Some(last) if last.eq(&topic)? => topic = last.clone(),
+                _ => last_topic = Some(topic.clone()),
+            }
             let partition = record.call_method0(intern!(py, "partition"))?;
             let offset = record.call_method0(intern!(py, "offset"))?;
             match self.kind(&record)? {

@@ -156,6 +156,38 @@ def test_entries_hold_the_twins_defaults_and_their_references():
     assert sys.getrefcount(payload) == before
 
 
+def test_a_run_of_one_topic_shares_its_text():
+    """The consumer makes each record a topic text of its own; the reader gives the ids of
+    a run of one topic the same one, so the engine's dicts compare them by identity and a
+    message holds no copy. A record of another topic starts a run of its own."""
+
+    def fresh(*parts: str) -> str:
+        return "".join(parts)  # a new object each call, as the consumer's texts are
+
+    topics = [
+        fresh("queue", ".a"),
+        fresh("queue", ".a"),
+        fresh("queue", ".b"),
+        fresh("queue", ".a"),
+    ]
+    assert len({id(topic) for topic in topics}) == 4
+    batch = [
+        Message(topic=topic, partition=0, offset=i, value=b"{}", timestamp=(1, 5))
+        for i, topic in enumerate(topics)
+    ]
+    batch.insert(
+        2,
+        Message(topic=fresh("queue", ".a"), partition=0, offset=9, headers=[("c", b"sow_delete")]),
+    )
+    entries: list = []
+    codecs = {"queue.a": JSON, "queue.b": BINARY}
+    assert read_records(batch, 0, codecs, entries, []) == 5
+    texts = [e.id[0] if isinstance(e, QueueEntry) else e[0][0] for e in entries]
+    assert texts == ["queue.a", "queue.a", "queue.a", "queue.b", "queue.a"]
+    assert texts[0] is texts[1] is texts[2]
+    assert texts[3] is topics[2] and texts[4] is topics[3]
+
+
 def test_the_collector_sees_the_entries_only_once_given_back():
     """The entries read are not tracked (the collector's passes walked each message the
     queue held); track_entries tracks them again, twice is harmless, and an entry made
