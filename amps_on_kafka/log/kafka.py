@@ -69,16 +69,18 @@ _FIGURES = re.compile(r"\d+")
 
 class ProducerLog:
     """A producer's librdkafka lines: each to LIBRDKAFKA_LOG (DEBUG) as any client's, and
-    a warning or worse (a broker that can't be reached, a request that failed) also at
-    its level to ``amps_on_kafka.librdkafka``, so an operator sees why publishes wait or
-    fail — the errors Kafka's reports carry say only "Message timed out".
+    a critical one (a fatal error: the producer is replaced, its records purged) also at
+    its level to ``amps_on_kafka.librdkafka``. Warnings and errors stay at DEBUG: they are
+    mostly a broker's connection failing and retried, which the worker's outage watcher
+    already reports once ("Kafka unreachable ... since", "reachable again") where
+    librdkafka repeats them at every reconnect and after (docs/operations.md).
 
-    Coalesced, as librdkafka repeats a failing connection's line at every reconnect
-    backoff: a line alike to one logged within COALESCE_SECONDS (the same text, its
-    figures aside) is counted, and the count said at the end of the next alike line
-    logged. ``log`` is confluent-kafka's logger interface; ``lines`` takes the compiled
-    producer's (RdProducer.serve_log: what librdkafka's thread kept, handed over at a
-    poll, never waiting in that thread) with how many it had to drop."""
+    Coalesced, as librdkafka may repeat a line: a line alike to one logged within
+    COALESCE_SECONDS (the same text, its figures aside) is counted, and the count said at
+    the end of the next alike line logged. ``log`` is confluent-kafka's logger interface;
+    ``lines`` takes the compiled producer's (RdProducer.serve_log: what librdkafka's
+    thread kept, handed over at a poll, never waiting in that thread) with how many it
+    had to drop."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -86,14 +88,14 @@ class ProducerLog:
 
     def log(self, level: int, msg: str, *args: object) -> None:
         LIBRDKAFKA_LOG.log(level, msg, *args)
-        if level >= logging.WARNING:
+        if level >= logging.CRITICAL:
             self._coalesced(level, msg % args if args else msg)
 
     def lines(self, lines: list[tuple[int, str, str]], dropped: int) -> None:
         for syslog, facility, text in lines:
             self.log(SYSLOG_LEVELS.get(syslog, logging.ERROR), "%s %s", facility, text)
         if dropped:
-            LibrdkafkaLog.logger.warning(
+            LibrdkafkaLog.logger.debug(
                 "%d librdkafka warning(s) dropped (too many at once to keep)", dropped
             )
 
