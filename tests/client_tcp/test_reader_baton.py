@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -163,12 +164,16 @@ def ack(cid: str, **fields: Any) -> bytes:
     return encode_frame({"c": "ack", "cid": cid, "a": "processed", "status": "success", **fields})
 
 
-@pytest.fixture
-def scripted() -> Iterator[tuple[ScriptedGateway, Client, ThreadPoolExecutor]]:
-    """A client logged on to a scripted gateway, and threads to run its calls on."""
+Scripted = tuple["ScriptedGateway", Client, ThreadPoolExecutor]
+
+
+@contextmanager
+def scripted_client(workers: int = 4) -> Iterator[Scripted]:
+    """A client logged on to a scripted gateway, and threads to run its calls on (a
+    context manager too, for hypothesis tests, whose examples can't share a fixture)."""
     gateway = ScriptedGateway()
     client = Client(f"scripted-{uuid.uuid4().hex[:6]}")
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(workers) as pool:
         client.connect(f"tcp://{gateway.address}/amps/json")
         gateway.accept()
         logon = pool.submit(client.logon, WAIT)
@@ -179,6 +184,12 @@ def scripted() -> Iterator[tuple[ScriptedGateway, Client, ThreadPoolExecutor]]:
         finally:
             client.close()
             gateway.close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Scripted]:
+    with scripted_client() as scripted:
+        yield scripted
 
 
 def test_replies_out_of_order_reach_their_own_callers(scripted):

@@ -8,41 +8,18 @@ its route to stream."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amps_on_kafka.client import Client, tcp_transport
+from amps_on_kafka.client import tcp_transport
 from amps_on_kafka.errors import ServerError
 from amps_on_kafka.protocol.frames import encode_frame
-from tests.client_tcp.test_reader_baton import ScriptedGateway, ack
+from tests.client_tcp.test_reader_baton import ack, scripted_client
 from tests.polling import until
 from tests.server.helpers import WAIT
-
-
-@contextmanager
-def scripted_client() -> Iterator[tuple[ScriptedGateway, Client, ThreadPoolExecutor]]:
-    """A client logged on to a scripted gateway (tests/client_tcp/test_reader_baton.py),
-    for a hypothesis test, whose examples can't share a function-scoped fixture."""
-    gateway = ScriptedGateway()
-    client = Client(f"small-{uuid.uuid4().hex[:6]}")
-    with ThreadPoolExecutor(2) as pool:
-        client.connect(f"tcp://{gateway.address}/amps/json")
-        gateway.accept()
-        logon = pool.submit(client.logon, WAIT)
-        gateway.answer()
-        logon.result(WAIT)
-        try:
-            yield gateway, client, pool
-        finally:
-            client.close()
-            gateway.close()
 
 
 def records(cid: str, ids: list[int]) -> bytes:
@@ -104,7 +81,7 @@ def test_an_answer_gives_the_same_messages_however_it_is_split(batches, failure,
     """The ack and the answer in one write (the whole-answer path), or the answer cut
     anywhere into writes sent after the call returned (the stream reads the rest):
     the same messages in order, and a failure ack raised after them."""
-    with scripted_client() as (gateway, client, pool):
+    with scripted_client(2) as (gateway, client, pool):
         transport = client._transport
         opened = pool.submit(transport.sow, "t", "/id = 1", groups=groups)
         cid = gateway.recv().header["cid"]
@@ -123,7 +100,7 @@ def test_an_answer_gives_the_same_messages_however_it_is_split(batches, failure,
 def test_a_small_answer_is_whole_when_the_call_returns(ids):
     """A look-up's answer in the ack's read: its route is gone before the stream is
     iterated (nothing is left to read), and the stream gives the record."""
-    with scripted_client() as (gateway, client, pool):
+    with scripted_client(2) as (gateway, client, pool):
         transport = client._transport
         opened = pool.submit(client.sow, "t", "/id = 7", timeout=WAIT)
         cid = gateway.recv().header["cid"]
@@ -138,7 +115,7 @@ def test_a_small_answer_is_whole_when_the_call_returns(ids):
 def test_a_failed_answer_raises_as_it_is_iterated():
     """A completed ack that says failure, in the ack's read: sow() returns, the record
     before it is given, then ServerError, as the streaming path raises it."""
-    with scripted_client() as (gateway, client, pool):
+    with scripted_client(2) as (gateway, client, pool):
         opened = pool.submit(client.sow, "t", "/id = 7")
         cid = gateway.recv().header["cid"]
         gateway.send(ack(cid) + answer(cid, [[7]], failure="entitlement"))
@@ -149,7 +126,7 @@ def test_a_failed_answer_raises_as_it_is_iterated():
 
 
 def test_a_refused_query_raises_from_the_call():
-    with scripted_client() as (gateway, client, pool):
+    with scripted_client(2) as (gateway, client, pool):
         opened = pool.submit(client.sow, "t", "/id = ")
         cid = gateway.recv().header["cid"]
         gateway.send(ack(cid, status="failure", reason="bad filter"))
@@ -160,7 +137,7 @@ def test_a_refused_query_raises_from_the_call():
 def test_an_answer_that_stops_coming_ends_at_the_idle_timeout():
     """A record, then nothing (no completed ack): the stream gives the record and ends
     after `timeout` quiet seconds, as a streamed answer does."""
-    with scripted_client() as (gateway, client, pool):
+    with scripted_client(2) as (gateway, client, pool):
         opened = pool.submit(client.sow, "t", "/id = 7", timeout=0.3)
         cid = gateway.recv().header["cid"]
         begin = encode_frame({"c": "group_begin", "cid": cid, "t": "t"})
@@ -173,7 +150,7 @@ def test_an_answer_that_stops_coming_ends_at_the_idle_timeout():
 def test_a_large_answer_in_one_read_still_streams():
     """Ten batches in the ack's read: the caller takes two (SMALL_ANSWER), the route
     stays for the stream, which gives every record in order."""
-    with scripted_client() as (gateway, client, pool):
+    with scripted_client(2) as (gateway, client, pool):
         transport = client._transport
         batches = [list(range(10 * b, 10 * b + 10)) for b in range(10)]
         opened = pool.submit(client.sow, "t", "/id > 0")
@@ -189,7 +166,7 @@ def test_a_large_answer_in_one_read_still_streams():
 def test_deliveries_in_the_answers_read_reach_their_subscription():
     """A subscription's deliveries interleaved with a look-up's frames in one read: the
     look-up gets its record whole, the subscription its messages in order."""
-    with scripted_client() as (gateway, client, pool):
+    with scripted_client(2) as (gateway, client, pool):
         opened = pool.submit(client.subscribe, "s", timeout=WAIT)
         gateway.answer()
         subscription = opened.result(WAIT)
