@@ -163,6 +163,21 @@ fn length(data: &[u8], at: usize) -> usize {
     u32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as usize
 }
 
+/// The frame at `pos` if the buffer holds it whole and it is within `limit`: where its
+/// header starts, the header's length and where the frame ends. None for a partial frame
+/// or one whose lengths don't add up: the twin's own decode then says which.
+fn whole_frame(data: &[u8], pos: usize, limit: usize) -> Option<(usize, usize, usize)> {
+    if data.len() < pos + 8 {
+        return None;
+    }
+    let (total, header_length) = (length(data, pos), length(data, pos + 4));
+    let end = pos + 4 + total;
+    if total < 4 || header_length > total - 4 || total > limit || end > data.len() {
+        return None;
+    }
+    Some((pos + 8, header_length, end))
+}
+
 /// `split_frames(buffer, pos, limit, decode)`: the twin's events for the whole frames
 /// within `limit` from `pos` on, and the position after them.
 #[pyfunction]
@@ -180,15 +195,9 @@ fn split_frames<'py>(
         // SAFETY: the bytes are read while no Python code runs; they are borrowed again
         // after each `decode`, which reads the buffer and never resizes it.
         let data = unsafe { buffer.as_bytes() };
-        if data.len() < pos + 8 {
+        let Some((start, header_length, end)) = whole_frame(data, pos, limit) else {
             break;
-        }
-        let (total, header_length) = (length(data, pos), length(data, pos + 4));
-        let end = pos + 4 + total;
-        if total < 4 || header_length > total - 4 || total > limit || end > data.len() {
-            break;
-        }
-        let start = pos + 8;
+        };
         match plain(&data[start..start + header_length]) {
             Some(publish) => {
                 let payload = PyBytes::new(py, &data[start + header_length..end]);
@@ -230,15 +239,9 @@ fn client_frames<'py>(
         // SAFETY: the bytes are copied out before any Python code runs (`loads` gets its
         // own bytes object); they are borrowed again after, and nothing here resizes them.
         let data = unsafe { buffer.as_bytes() };
-        if data.len() < pos + 8 {
+        let Some((start, header_length, end)) = whole_frame(data, pos, limit) else {
             break;
-        }
-        let (total, header_length) = (length(data, pos), length(data, pos + 4));
-        let end = pos + 4 + total;
-        if total < 4 || header_length > total - 4 || total > limit || end > data.len() {
-            break;
-        }
-        let start = pos + 8;
+        };
         let header = PyBytes::new(py, &data[start..start + header_length]);
         let payload = PyBytes::new(py, &data[start + header_length..end]);
         match loads.call1((header,)) {
