@@ -13,6 +13,11 @@ is text librdkafka takes as is (no Python callback). librdkafka's log lines are 
 so while LibrdkafkaLog's logger is on at DEBUG (``--log-level debug``) replays read
 through confluent-kafka, whose lines that logger shows. Anything else: None, and the
 caller reads through confluent-kafka as without the core (AMPS_NATIVE=0).
+
+A queue's consumer (processor/queue_runtime.py) reads through it the same way
+(queue_consumer): QueueReader gives the compiled reader the part of confluent-kafka's
+Consumer API the queue calls, and its batches stay librdkafka's records, which the
+queue's EntryReader (native/src/queue_entries.rs) makes its entries of in one call.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from functools import cache
 from typing import Any
 
 import confluent_kafka
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from amps_on_kafka.log.bookmarks import TP
 from amps_on_kafka.log.kafka import LIBRDKAFKA_LOG, ProducerLog
@@ -79,3 +85,93 @@ def text_settings(config: Mapping[str, Any]) -> list[tuple[str, str]] | None:
 def positions(reader: Any, partitions: list[TP]) -> list[tuple[TP, int]]:
     """Each partition's position (the offset after its last consumed record)."""
     return list(zip(partitions, reader.position(partitions), strict=True))
+
+
+def queue_consumer(config: Mapping[str, Any]) -> QueueReader | Consumer:
+    """A queue's consumer configured as `config` (log/kafka.reader_config): the compiled
+    reader where native_reader gives one, else confluent-kafka's."""
+    compiled = native_reader(config)
+    return QueueReader(compiled) if compiled is not None else Consumer(dict(config))
+
+
+def _checked(err: int) -> None:
+    """confluent-kafka's way with an error code: KafkaException."""
+    if err:
+        raise KafkaException(KafkaError(err))
+
+
+def _seconds(timeout: float | None) -> float:
+    """confluent-kafka's timeouts: None waits for ever (-1)."""
+    return -1.0 if timeout is None else timeout
+
+
+class QueueReader:
+    """The compiled reader as the queue's consumer: the methods of confluent-kafka's
+    Consumer the queue calls, taking and giving TopicPartitions and raising
+    KafkaException as they do, and `available` (log/kafka.consume_available's rule)
+    whose batch (core.RawBatch) the queue's read_records reads."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    def available(self, max_messages: int, timeout: float) -> Any:
+        """What is there now, up to max_messages; waits up to timeout only when nothing is."""
+        return self._reader.consume_raw(max_messages, timeout, KafkaError)
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self._reader.assign([(tp.topic, tp.partition, tp.offset) for tp in partitions])
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        err, text = self._reader.incremental_assign(
+            [(tp.topic, tp.partition, tp.offset) for tp in partitions]
+        )
+        if err:
+            raise KafkaException(KafkaError(err, text))
+
+    def assignment(self) -> list[TopicPartition]:
+        err, partitions = self._reader.assignment()
+        _checked(err)
+        return [TopicPartition(topic, partition) for topic, partition in partitions]
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        _checked(self._reader.pause([(tp.topic, tp.partition) for tp in partitions]))
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        _checked(self._reader.resume([(tp.topic, tp.partition) for tp in partitions]))
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        offsets = self._reader.position([(tp.topic, tp.partition) for tp in partitions])
+        return [
+            TopicPartition(tp.topic, tp.partition, offset)
+            for tp, offset in zip(partitions, offsets, strict=True)
+        ]
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float | None = None, cached: bool = False
+    ) -> tuple[int, int]:
+        err, low, high = self._reader.watermarks(
+            partition.topic, partition.partition, cached, _seconds(timeout)
+        )
+        _checked(err)
+        return low, high
+
+    def committed(
+        self, partitions: list[TopicPartition], timeout: float | None = None
+    ) -> list[TopicPartition]:
+        wanted = [(tp.topic, tp.partition) for tp in partitions]
+        err, offsets = self._reader.committed(wanted, _seconds(timeout))
+        _checked(err)
+        return [
+            TopicPartition(topic, partition, offset)
+            for (topic, partition), offset in zip(wanted, offsets, strict=True)
+        ]
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
+        _checked(
+            self._reader.commit(
+                [(tp.topic, tp.partition, tp.offset) for tp in offsets], asynchronous
+            )
+        )
+
+    def close(self) -> None:
+        self._reader.close()

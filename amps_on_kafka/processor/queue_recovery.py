@@ -25,7 +25,9 @@ from amps_on_kafka.log.kafka import (
     consume_available,
     partitions_matching,
     reader,
+    reader_config,
 )
+from amps_on_kafka.log.native_reader import queue_consumer
 from amps_on_kafka.state.queue import QueueState
 from amps_on_kafka.state.queue_store import (
     QueueStore,
@@ -54,9 +56,11 @@ class Recovery:
         admin = admin_client(self.engine.bootstrap)
         ensure_events_topic(admin, self.events_topic)
         self._writer.open()  # fences the previous owner before its events are read
-        self._consumer = reader(
-            self.engine.bootstrap,
-            **{"group.id": f"{GROUP_PREFIX}{self.name}", "auto.offset.reset": "earliest"},
+        self._consumer = queue_consumer(  # the compiled reader where it reads as confluent's
+            reader_config(
+                self.engine.bootstrap,
+                **{"group.id": f"{GROUP_PREFIX}{self.name}", "auto.offset.reset": "earliest"},
+            )
         )
         self._admin = admin
         partitions = self._underlying(admin)

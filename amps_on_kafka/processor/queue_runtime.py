@@ -14,8 +14,9 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, fields
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -204,10 +205,12 @@ class QueueRuntime(Recovery, Recording):
 
     def _loop(self, done: Callable[[], bool]) -> None:
         engine, state, consumer = self.engine, self.state, self._consumer
+        # the compiled reader's batches stay librdkafka's records (log/native_reader.py)
+        available = getattr(consumer, "available", None) or partial(consume_available, consumer)
         self._turned = time.monotonic()  # recovering (and looking up the ends) is no stall
         while not (engine._stop.is_set() or self._halted.is_set() or done()):
             with collections_paused():  # see processor/collections.py
-                records = consume_available(consumer, BATCH_SIZE, self._wait())
+                records = available(BATCH_SIZE, self._wait())
                 read = self._entries(records) if records else ()
                 del records
                 with engine.lock:
@@ -256,8 +259,10 @@ class QueueRuntime(Recovery, Recording):
             return MAX_WAIT
         return max(0.0, min(MAX_WAIT, (due - self.engine.clock()) / 1000))
 
-    def _entries(self, records: list[Message]) -> list[QueueEntry | tuple[TP, int]]:
-        """The messages read, and (partition, offset) of records that are not messages.
+    def _entries(self, records: Sequence[Message]) -> list[QueueEntry | tuple[TP, int]]:
+        """The messages read, and (partition, offset) of records that are not messages:
+        `records` is confluent-kafka's, or the compiled reader's batch (core.RawBatch,
+        whose `records[at]` gives a record's error alone).
 
         Outside the engine lock: the state is not touched here."""
         entries: list[QueueEntry | tuple[TP, int]] = []

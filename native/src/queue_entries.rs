@@ -15,6 +15,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
+use crate::rdkafka_reader::RawBatch;
 use crate::records::{allocate, check_layout, locate, put};
 
 /// The header names whose values decide what a record is (`H_COMMAND`, `H_EXPIRATION`).
@@ -82,15 +83,20 @@ impl EntryReader {
     /// Reads `records` from index `start` into `entries` (a QueueEntry per message, a
     /// `((topic, partition), offset)` per record that is not one) and the ids of those
     /// whose header is bad into `bad`, up to the first record with an error: its index
-    /// is returned (the length of `records` when none has one).
+    /// is returned (the length of `records` when none has one). `records` is a list of
+    /// confluent-kafka's records, or a RawBatch of librdkafka's (the compiled reader's).
     fn read(
         &self,
-        records: &Bound<PyList>,
+        records: &Bound<PyAny>,
         start: usize,
         codecs: &Bound<PyDict>,
         entries: &Bound<PyList>,
         bad: &Bound<PyList>,
     ) -> PyResult<usize> {
+        if let Ok(batch) = records.cast::<RawBatch>() {
+            return self.read_raw(&mut batch.borrow_mut(), start, codecs, entries, bad);
+        }
+        let records = records.cast::<PyList>()?;
         let py = records.py();
         // The consumer makes each record a topic text of its own: the run's ids share
         // the last one instead, so the engine's dicts (entries, leases, changed) compare
@@ -108,20 +114,19 @@ impl EntryReader {
             }
             let partition = record.call_method0(intern!(py, "partition"))?;
             let offset = record.call_method0(intern!(py, "offset"))?;
-            match self.kind(&record)? {
-                Kind::Message(headers, expiration) => {
-                    let id = PyTuple::new(py, [&topic, &partition, &offset])?;
-                    let entry = self.entry(&record, codecs, &topic, id, headers, expiration)?;
-                    entries.append(entry)?;
-                }
-                kind => {
-                    let tp = PyTuple::new(py, [&topic, &partition])?;
-                    entries.append((tp, &offset))?;
-                    if matches!(kind, Kind::BadHeader) {
-                        bad.append((topic, partition, offset))?;
-                    }
-                }
-            }
+            let kind = self.kind(py, record.call_method0(intern!(py, "headers")))?;
+            let message = || {
+                let timestamp = record.call_method0(intern!(py, "timestamp"))?.get_item(1)?;
+                Ok((timestamp, record.call_method0(intern!(py, "value"))?))
+            };
+            self.add(
+                kind,
+                message,
+                codecs,
+                [topic, partition, offset],
+                entries,
+                bad,
+            )?;
         }
         Ok(records.len())
     }
@@ -148,6 +153,71 @@ impl EntryReader {
 }
 
 impl EntryReader {
+    /// `read` of a RawBatch: each record's parts straight from librdkafka's record.
+    fn read_raw(
+        &self,
+        batch: &mut RawBatch,
+        start: usize,
+        codecs: &Bound<PyDict>,
+        entries: &Bound<PyList>,
+        bad: &Bound<PyList>,
+    ) -> PyResult<usize> {
+        let py = entries.py();
+        for at in start..batch.len() {
+            if batch.failed(at) {
+                return Ok(at);
+            }
+            let topic = batch.topic(py, at).into_bound(py).into_any();
+            let partition = batch.partition(at).into_pyobject(py)?.into_any();
+            let offset = batch.offset(at).into_pyobject(py)?.into_any();
+            let kind = self.kind(py, batch.headers(py, at))?;
+            let message = || {
+                let timestamp = batch.timestamp(at).into_pyobject(py)?.into_any();
+                Ok((timestamp, batch.value(py, at)))
+            };
+            self.add(
+                kind,
+                message,
+                codecs,
+                [topic, partition, offset],
+                entries,
+                bad,
+            )?;
+        }
+        Ok(batch.len())
+    }
+
+    /// Adds a record to `entries` as what `kind` makes it (and its id to `bad` when its
+    /// header is bad): a message's entry is made of `message()`, its timestamp and value.
+    fn add<'py>(
+        &self,
+        kind: Kind<'py>,
+        message: impl FnOnce() -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+        codecs: &Bound<'py, PyDict>,
+        [topic, partition, offset]: [Bound<'py, PyAny>; 3],
+        entries: &Bound<'py, PyList>,
+        bad: &Bound<'py, PyList>,
+    ) -> PyResult<()> {
+        let py = entries.py();
+        match kind {
+            Kind::Message(headers, expiration) => {
+                let (timestamp, payload) = message()?;
+                let id = PyTuple::new(py, [&topic, &partition, &offset])?;
+                let entry =
+                    self.entry(codecs, &topic, id, timestamp, payload, headers, expiration)?;
+                entries.append(entry)
+            }
+            kind => {
+                let tp = PyTuple::new(py, [&topic, &partition])?;
+                entries.append((tp, &offset))?;
+                if matches!(kind, Kind::BadHeader) {
+                    bad.append((topic, partition, offset))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// ValueError unless the record's slots and the defaults name every slot of `cls`
     /// once: an entry with a slot left unset would raise AttributeError where it is read.
     fn check_every_slot_once(&self, cls: &Bound<PyType>) -> PyResult<()> {
@@ -172,11 +242,14 @@ impl EntryReader {
         Ok(())
     }
 
-    /// The record's headers read once (see `amps_on_kafka/log/envelope.py`,
-    /// `read_headers`) and what they make it.
-    fn kind<'py>(&self, record: &Bound<'py, PyAny>) -> PyResult<Kind<'py>> {
-        let py = record.py();
-        let headers = match record.call_method0(intern!(py, "headers")) {
+    /// What a record's headers (read once, see `amps_on_kafka/log/envelope.py`,
+    /// `read_headers`) make it.
+    fn kind<'py>(
+        &self,
+        py: Python<'py>,
+        headers: PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<Kind<'py>> {
+        let headers = match headers {
             Ok(headers) => headers,
             Err(err)
                 if err.is_instance_of::<PySystemError>(py)
@@ -200,18 +273,18 @@ impl EntryReader {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn entry<'py>(
         &self,
-        record: &Bound<'py, PyAny>,
         codecs: &Bound<'py, PyDict>,
         topic: &Bound<'py, PyAny>,
         id: Bound<'py, PyTuple>,
+        timestamp: Bound<'py, PyAny>,
+        mut payload: Bound<'py, PyAny>,
         headers: Bound<'py, PyAny>,
         expiration: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = record.py();
-        let timestamp = record.call_method0(intern!(py, "timestamp"))?.get_item(1)?;
-        let mut payload = record.call_method0(intern!(py, "value"))?;
+        let py = topic.py();
         if !payload.is_truthy()? {
             payload = PyBytes::new(py, b"").into_any();
         }

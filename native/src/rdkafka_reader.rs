@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
@@ -160,6 +160,19 @@ struct Api {
     list_destroy: extern "C" fn(*mut RawPartitionList),
     assign: extern "C" fn(*mut c_void, *const RawPartitionList) -> c_int,
     position: extern "C" fn(*mut c_void, *mut RawPartitionList) -> c_int,
+    incremental_assign: extern "C" fn(*mut c_void, *const RawPartitionList) -> *mut c_void,
+    error_code: extern "C" fn(*const c_void) -> c_int,
+    error_string: extern "C" fn(*const c_void) -> *const c_char,
+    error_destroy: extern "C" fn(*mut c_void),
+    assignment: extern "C" fn(*mut c_void, *mut *mut RawPartitionList) -> c_int,
+    pause_partitions: extern "C" fn(*mut c_void, *mut RawPartitionList) -> c_int,
+    resume_partitions: extern "C" fn(*mut c_void, *mut RawPartitionList) -> c_int,
+    get_watermark_offsets:
+        extern "C" fn(*mut c_void, *const c_char, i32, *mut i64, *mut i64) -> c_int,
+    query_watermark_offsets:
+        extern "C" fn(*mut c_void, *const c_char, i32, *mut i64, *mut i64, c_int) -> c_int,
+    committed: extern "C" fn(*mut c_void, *mut RawPartitionList, c_int) -> c_int,
+    commit: extern "C" fn(*mut c_void, *const RawPartitionList, c_int) -> c_int,
     err2str: extern "C" fn(c_int) -> *const c_char,
     consumer_close: extern "C" fn(*mut c_void) -> c_int,
     destroy: extern "C" fn(*mut c_void),
@@ -214,6 +227,17 @@ fn load(path: &str) -> Result<Api, String> {
             list_destroy: symbol(library, "topic_partition_list_destroy")?,
             assign: symbol(library, "assign")?,
             position: symbol(library, "position")?,
+            incremental_assign: symbol(library, "incremental_assign")?,
+            error_code: symbol(library, "error_code")?,
+            error_string: symbol(library, "error_string")?,
+            error_destroy: symbol(library, "error_destroy")?,
+            assignment: symbol(library, "assignment")?,
+            pause_partitions: symbol(library, "pause_partitions")?,
+            resume_partitions: symbol(library, "resume_partitions")?,
+            get_watermark_offsets: symbol(library, "get_watermark_offsets")?,
+            query_watermark_offsets: symbol(library, "query_watermark_offsets")?,
+            committed: symbol(library, "committed")?,
+            commit: symbol(library, "commit")?,
             err2str: symbol(library, "err2str")?,
             consumer_close: symbol(library, "consumer_close")?,
             destroy: symbol(library, "destroy")?,
@@ -305,7 +329,30 @@ struct PartitionList {
     raw: *mut RawPartitionList,
 }
 
+// SAFETY: a list librdkafka made, used by one thread at a time (the GIL released).
+unsafe impl Send for PartitionList {}
+unsafe impl Sync for PartitionList {}
+
 impl PartitionList {
+    /// The list, for librdkafka (a method: a closure then captures the whole list).
+    fn raw(&self) -> *mut RawPartitionList {
+        self.raw
+    }
+
+    /// (topic, partition) of each element.
+    fn partitions(&self) -> Vec<(String, i32)> {
+        // SAFETY: `cnt` elements from `elems`.
+        unsafe {
+            let list = &*self.raw;
+            (0..list.cnt as usize)
+                .map(|i| {
+                    let element = &*list.elems.add(i);
+                    (text(element.topic), element.partition)
+                })
+                .collect()
+        }
+    }
+
     fn offsets(&self) -> Vec<i64> {
         // SAFETY: `cnt` elements from `elems`.
         unsafe {
@@ -327,6 +374,52 @@ impl Drop for PartitionList {
 #[pyclass(frozen, module = "amps_on_kafka_native")]
 struct RdReader {
     handle: Arc<Handle>,
+}
+
+impl RdReader {
+    /// What is there now, up to `max` records; waits up to `timeout` seconds (the GIL
+    /// released) only when nothing is (consume_available's rule).
+    fn available(&self, py: Python, max: usize, timeout: f64) -> PyResult<Messages> {
+        let handle = &self.handle;
+        let mut raw = Consumed(Vec::new());
+        let closed = py.detach(|| {
+            let closed = handle.closed.lock().unwrap_or_else(|e| e.into_inner());
+            if *closed || max == 0 {
+                return *closed;
+            }
+            if handle.consume(0, max, &mut raw) <= 0
+                && handle.consume((timeout * 1000.0) as c_int, 1, &mut raw) > 0
+            {
+                handle.consume(0, max - 1, &mut raw);
+            }
+            false
+        });
+        let messages = Messages {
+            handle: handle.clone(),
+            raw: raw.0.into(),
+        };
+        if closed {
+            return Err(PyRuntimeError::new_err("the reader is closed"));
+        }
+        Ok(messages)
+    }
+}
+
+/// (topic, partition) as list elements without an offset.
+fn at_no_offset(partitions: Vec<(String, i32)>) -> Vec<(String, i32, i64)> {
+    partitions
+        .into_iter()
+        .map(|(topic, partition)| (topic, partition, OFFSET_INVALID))
+        .collect()
+}
+
+/// confluent-kafka's timeouts: seconds, any negative one meaning none (-1).
+fn timeout_ms(timeout: f64) -> c_int {
+    if timeout < 0.0 {
+        -1
+    } else {
+        (timeout * 1000.0) as c_int
+    }
 }
 
 #[pymethods]
@@ -396,11 +489,7 @@ impl RdReader {
     /// The position (the offset after the last record consumed) of each (topic,
     /// partition); -1001 where nothing was consumed yet.
     fn position(&self, partitions: Vec<(String, i32)>) -> PyResult<Vec<i64>> {
-        let wanted: Vec<_> = partitions
-            .into_iter()
-            .map(|(t, p)| (t, p, OFFSET_INVALID))
-            .collect();
-        let list = self.handle.list(&wanted)?;
+        let list = self.handle.list(&at_no_offset(partitions))?;
         match (self.handle.api.position)(self.handle.rk, list.raw) {
             0 => Ok(list.offsets()),
             err => Err(self.handle.error(err, "position")),
@@ -418,32 +507,138 @@ impl RdReader {
         builder: Py<RecordBuilder>,
         codec: Py<PyAny>,
     ) -> PyResult<ReadBatch> {
-        let handle = &self.handle;
-        let mut raw = Consumed(Vec::new());
-        let closed = py.detach(|| {
-            let closed = handle.closed.lock().unwrap_or_else(|e| e.into_inner());
-            if *closed || max == 0 {
-                return *closed;
-            }
-            if handle.consume(0, max, &mut raw) <= 0
-                && handle.consume((timeout * 1000.0) as c_int, 1, &mut raw) > 0
-            {
-                handle.consume(0, max - 1, &mut raw);
-            }
-            false
-        });
-        let batch = ReadBatch {
-            handle: handle.clone(),
-            raw: Messages(raw.0.into()),
+        Ok(ReadBatch {
+            raw: self.available(py, max, timeout)?,
             builder,
             codec,
-            topics: Vec::new(),
+            topics: Topics::default(),
             error: None,
-        };
-        if closed {
-            return Err(PyRuntimeError::new_err("the reader is closed"));
+        })
+    }
+
+    /// What is there now, up to `max` records, as `consume` takes them, kept as
+    /// librdkafka's records for a queue's EntryReader (queue_entries.rs) to read;
+    /// `kafka_error(code, text)` makes a record's error, as confluent-kafka's `Message`
+    /// gives it. Partition ends are records with an error here, as confluent-kafka's.
+    fn consume_raw(
+        &self,
+        py: Python,
+        max: usize,
+        timeout: f64,
+        kafka_error: Py<PyAny>,
+    ) -> PyResult<RawBatch> {
+        Ok(RawBatch {
+            raw: self.available(py, max, timeout)?,
+            topics: Topics::default(),
+            kafka_error,
+        })
+    }
+
+    /// Also read `partitions` (topic, partition, offset), beside those read already:
+    /// the error's code and text, (0, "") when there is none.
+    fn incremental_assign(&self, partitions: Vec<(String, i32, i64)>) -> PyResult<(i32, String)> {
+        let api = self.handle.api;
+        let list = self.handle.list(&partitions)?;
+        let error = (api.incremental_assign)(self.handle.rk, list.raw);
+        if error.is_null() {
+            return Ok((0, String::new()));
         }
-        Ok(batch)
+        let found = ((api.error_code)(error), text((api.error_string)(error)));
+        (api.error_destroy)(error);
+        Ok(found)
+    }
+
+    /// The error code (0 when none) and the (topic, partition) read now.
+    fn assignment(&self) -> (i32, Vec<(String, i32)>) {
+        let mut raw: *mut RawPartitionList = ptr::null_mut();
+        let err = (self.handle.api.assignment)(self.handle.rk, &mut raw);
+        if err != 0 {
+            return (err, Vec::new());
+        }
+        let list = PartitionList {
+            api: self.handle.api,
+            raw,
+        };
+        (0, list.partitions())
+    }
+
+    /// Stop fetching `partitions` (topic, partition) until resumed: the error code.
+    fn pause(&self, partitions: Vec<(String, i32)>) -> PyResult<i32> {
+        let list = self.handle.list(&at_no_offset(partitions))?;
+        Ok((self.handle.api.pause_partitions)(self.handle.rk, list.raw))
+    }
+
+    /// Fetch paused `partitions` (topic, partition) again: the error code.
+    fn resume(&self, partitions: Vec<(String, i32)>) -> PyResult<i32> {
+        let list = self.handle.list(&at_no_offset(partitions))?;
+        Ok((self.handle.api.resume_partitions)(
+            self.handle.rk,
+            list.raw,
+        ))
+    }
+
+    /// (error code, low, high) of a partition: the last fetches' when `cached`, else
+    /// asked of the broker, waiting up to `timeout` seconds (the GIL released).
+    fn watermarks(
+        &self,
+        py: Python,
+        topic: &str,
+        partition: i32,
+        cached: bool,
+        timeout: f64,
+    ) -> PyResult<(i32, i64, i64)> {
+        let topic =
+            CString::new(topic).map_err(|_| PyValueError::new_err("a NUL in a topic name"))?;
+        let handle = &self.handle;
+        let (mut low, mut high) = (OFFSET_INVALID, OFFSET_INVALID);
+        let err = if cached {
+            (handle.api.get_watermark_offsets)(
+                handle.rk,
+                topic.as_ptr(),
+                partition,
+                &mut low,
+                &mut high,
+            )
+        } else {
+            py.detach(|| {
+                (handle.api.query_watermark_offsets)(
+                    handle.rk,
+                    topic.as_ptr(),
+                    partition,
+                    &mut low,
+                    &mut high,
+                    timeout_ms(timeout),
+                )
+            })
+        };
+        Ok((err, low, high))
+    }
+
+    /// The error code and the offsets the group committed for `partitions` (topic,
+    /// partition), -1001 where none; waits up to `timeout` seconds (the GIL released).
+    fn committed(
+        &self,
+        py: Python,
+        partitions: Vec<(String, i32)>,
+        timeout: f64,
+    ) -> PyResult<(i32, Vec<i64>)> {
+        let list = self.handle.list(&at_no_offset(partitions))?;
+        let handle = &self.handle;
+        let err = py.detach(|| (handle.api.committed)(handle.rk, list.raw(), timeout_ms(timeout)));
+        Ok((err, list.offsets()))
+    }
+
+    /// Commit `offsets` (topic, partition, offset) for the group: the error code. Waits
+    /// for the broker's answer (the GIL released) unless `asynchronous`.
+    fn commit(
+        &self,
+        py: Python,
+        offsets: Vec<(String, i32, i64)>,
+        asynchronous: bool,
+    ) -> PyResult<i32> {
+        let list = self.handle.list(&offsets)?;
+        let handle = &self.handle;
+        Ok(py.detach(|| (handle.api.commit)(handle.rk, list.raw(), c_int::from(asynchronous))))
     }
 
     /// Leave the partitions and stop fetching (the GIL released; waits for a consume in
@@ -466,37 +661,65 @@ struct Consumed(Vec<*mut RawMessage>);
 // SAFETY: librdkafka messages may be handled from any thread.
 unsafe impl Send for Consumed {}
 
-/// Consumed messages not made into Python objects yet, destroyed with the batch.
-struct Messages(VecDeque<*mut RawMessage>);
+/// Consumed messages not made into Python objects yet, destroyed with the batch (before
+/// the handle they keep).
+struct Messages {
+    handle: Arc<Handle>,
+    raw: VecDeque<*mut RawMessage>,
+}
 
 // SAFETY: librdkafka messages may be destroyed from any thread.
 unsafe impl Send for Messages {}
 unsafe impl Sync for Messages {}
 
+impl Messages {
+    fn destroy(&self, raw: *mut RawMessage) {
+        (self.handle.api.message_destroy)(raw);
+    }
+
+    /// Message `at`, alive while the batch is.
+    fn at(&self, at: usize) -> &RawMessage {
+        // SAFETY: a message librdkafka returned, destroyed only with the batch.
+        unsafe { &*self.raw[at] }
+    }
+}
+
+impl Drop for Messages {
+    fn drop(&mut self) {
+        for raw in self.raw.drain(..) {
+            (self.handle.api.message_destroy)(raw);
+        }
+    }
+}
+
+/// Topic names as Python text, by librdkafka topic handle: one per topic a batch.
+#[derive(Default)]
+struct Topics(Vec<(usize, Py<PyString>)>);
+
+impl Topics {
+    fn name(&mut self, py: Python, api: &Api, rkt: *mut c_void) -> Py<PyString> {
+        if let Some((_, name)) = self.0.iter().find(|(at, _)| *at == rkt as usize) {
+            return name.clone_ref(py);
+        }
+        let name = PyString::new(py, &text((api.topic_name)(rkt))).unbind();
+        self.0.push((rkt as usize, name.clone_ref(py)));
+        name
+    }
+}
+
 /// A consumed batch: iterated, its messages up to the first record that is an error
 /// (`error` then holds its code and text); `records()` gives what is left as records.
 #[pyclass(module = "amps_on_kafka_native")]
 struct ReadBatch {
-    handle: Arc<Handle>,
     raw: Messages,
     builder: Py<RecordBuilder>,
     codec: Py<PyAny>,
-    /// Topic names as Python text, by librdkafka topic handle: one per topic a batch.
-    topics: Vec<(usize, Py<PyString>)>,
+    topics: Topics,
     #[pyo3(get)]
     error: Option<(i32, String)>,
 }
 
 impl ReadBatch {
-    fn topic(&mut self, py: Python, rkt: *mut c_void) -> Py<PyString> {
-        if let Some((_, name)) = self.topics.iter().find(|(at, _)| *at == rkt as usize) {
-            return name.clone_ref(py);
-        }
-        let name = PyString::new(py, &text((self.handle.api.topic_name)(rkt))).unbind();
-        self.topics.push((rkt as usize, name.clone_ref(py)));
-        name
-    }
-
     /// The record over `raw`, which it now owns, and its payload.
     fn record<'py>(
         &mut self,
@@ -506,9 +729,10 @@ impl ReadBatch {
         // SAFETY: a message librdkafka returned, not destroyed yet.
         let message = unsafe { &*raw };
         let value = bytes_or_none(py, message.payload, message.len);
-        let topic = self.topic(py, message.rkt);
+        let handle = self.raw.handle.clone();
+        let topic = self.topics.name(py, handle.api, message.rkt);
         let record = Record {
-            handle: self.handle.clone(),
+            handle,
             raw: RawPtr(raw),
             topic,
             value: value.clone().unbind(),
@@ -520,7 +744,7 @@ impl ReadBatch {
 #[pymethods]
 impl ReadBatch {
     fn __len__(&self) -> usize {
-        self.raw.0.len()
+        self.raw.raw.len()
     }
 
     fn __iter__(slf: PyRef<Self>) -> PyRef<Self> {
@@ -528,11 +752,11 @@ impl ReadBatch {
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        while let Some(&raw) = self.raw.0.front() {
+        while let Some(&raw) = self.raw.raw.front() {
             // SAFETY: a message librdkafka returned, not destroyed yet.
             let err = unsafe { (*raw).err };
             if err == 0 {
-                self.raw.0.pop_front();
+                self.raw.raw.pop_front();
                 let (record, value) = self.record(py, raw)?;
                 let builder = self.builder.bind(py).get();
                 return builder
@@ -540,11 +764,11 @@ impl ReadBatch {
                     .map(Some);
             }
             if err != PARTITION_EOF {
-                self.error = Some((err, error_text(self.handle.api, raw)));
+                self.error = Some((err, error_text(self.raw.handle.api, raw)));
                 return Ok(None);
             }
-            self.raw.0.pop_front();
-            (self.handle.api.message_destroy)(raw);
+            self.raw.raw.pop_front();
+            self.raw.destroy(raw);
         }
         Ok(None)
     }
@@ -557,7 +781,7 @@ impl ReadBatch {
         kafka_error: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let records = PyList::empty(py);
-        while let Some(raw) = self.raw.0.pop_front() {
+        while let Some(raw) = self.raw.raw.pop_front() {
             // SAFETY: as in __next__.
             let err = unsafe { (*raw).err };
             if err == 0 {
@@ -565,11 +789,11 @@ impl ReadBatch {
                 continue;
             }
             if err == PARTITION_EOF {
-                (self.handle.api.message_destroy)(raw);
+                self.raw.destroy(raw);
                 continue;
             }
-            let error = kafka_error.call1((err, error_text(self.handle.api, raw)))?;
-            (self.handle.api.message_destroy)(raw);
+            let error = kafka_error.call1((err, error_text(self.raw.handle.api, raw)))?;
+            self.raw.destroy(raw);
             records.append(Bound::new(
                 py,
                 Failed {
@@ -581,11 +805,81 @@ impl ReadBatch {
     }
 }
 
-impl Drop for ReadBatch {
-    fn drop(&mut self) {
-        for raw in self.raw.0.drain(..) {
-            (self.handle.api.message_destroy)(raw);
+/// A consumed batch kept as librdkafka's records (`RdReader.consume_raw`), which a
+/// queue's EntryReader (queue_entries.rs) reads into its entries: no record object is
+/// made for a message. `batch[at].error()` is record `at`'s error as confluent-kafka's
+/// `Message.error()` gives it (None when it has none), which is all the queue asks of
+/// a record besides what EntryReader reads.
+#[pyclass(module = "amps_on_kafka_native")]
+pub(crate) struct RawBatch {
+    raw: Messages,
+    topics: Topics,
+    kafka_error: Py<PyAny>,
+}
+
+impl RawBatch {
+    pub(crate) fn len(&self) -> usize {
+        self.raw.raw.len()
+    }
+
+    /// Whether record `at` is an error (a partition's end included).
+    pub(crate) fn failed(&self, at: usize) -> bool {
+        self.raw.at(at).err != 0
+    }
+
+    /// Record `at`'s topic: one text a topic a batch.
+    pub(crate) fn topic(&mut self, py: Python, at: usize) -> Py<PyString> {
+        let rkt = self.raw.at(at).rkt;
+        self.topics.name(py, self.raw.handle.api, rkt)
+    }
+
+    pub(crate) fn partition(&self, at: usize) -> i32 {
+        self.raw.at(at).partition
+    }
+
+    pub(crate) fn offset(&self, at: usize) -> i64 {
+        self.raw.at(at).offset
+    }
+
+    /// Record `at`'s timestamp (milliseconds; -1 without one), as confluent-kafka's.
+    pub(crate) fn timestamp(&self, at: usize) -> i64 {
+        let mut kind: c_int = 0;
+        (self.raw.handle.api.message_timestamp)(self.raw.raw[at], &mut kind)
+    }
+
+    /// Record `at`'s value: None without one.
+    pub(crate) fn value<'py>(&self, py: Python<'py>, at: usize) -> Bound<'py, PyAny> {
+        let message = self.raw.at(at);
+        bytes_or_none(py, message.payload, message.len)
+    }
+
+    /// Record `at`'s headers as confluent-kafka gives them (see `Record.headers`).
+    pub(crate) fn headers<'py>(&self, py: Python<'py>, at: usize) -> PyResult<Bound<'py, PyAny>> {
+        let headers = headers_of(py, self.raw.handle.api, self.raw.raw[at])?;
+        Ok(headers.map_or_else(|| py.None().into_bound(py), Bound::into_any))
+    }
+}
+
+#[pymethods]
+impl RawBatch {
+    fn __len__(&self) -> usize {
+        self.len()
+    }
+
+    fn __getitem__(&self, py: Python, at: usize) -> PyResult<Failed> {
+        if at >= self.len() {
+            return Err(PyIndexError::new_err("batch index out of range"));
         }
+        let raw = self.raw.raw[at];
+        let error = match self.raw.at(at).err {
+            0 => py.None(),
+            err => self
+                .kafka_error
+                .bind(py)
+                .call1((err, error_text(self.raw.handle.api, raw)))?
+                .unbind(),
+        };
+        Ok(Failed { error })
     }
 }
 
@@ -609,6 +903,40 @@ fn bytes_or_none(py: Python, at: *const c_void, len: usize) -> Bound<PyAny> {
     // SAFETY: `len` bytes at `at`, alive while the message is.
     let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
     PyBytes::new(py, bytes).into_any()
+}
+
+/// A message's headers, [(name, value or None)], or None without headers, as
+/// confluent-kafka gives them; UnicodeDecodeError for a name that is not UTF-8, as its
+/// decoding raises it.
+fn headers_of<'py>(
+    py: Python<'py>,
+    api: &Api,
+    raw: *const RawMessage,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let mut headers: *mut c_void = ptr::null_mut();
+    if (api.message_headers)(raw, &mut headers) != 0 {
+        return Ok(None);
+    }
+    let list = PyList::empty(py);
+    let mut index = 0;
+    loop {
+        let mut name: *const c_char = ptr::null();
+        let mut value: *const c_void = ptr::null();
+        let mut size = 0usize;
+        if (api.header_get_all)(headers, index, &mut name, &mut value, &mut size) != 0 {
+            break;
+        }
+        // SAFETY: a NUL-terminated name, alive with the message.
+        let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+        let name = match std::str::from_utf8(name) {
+            Ok(name) => PyString::new(py, name).into_any(),
+            Err(_) => PyBytes::new(py, name).call_method1("decode", ("utf-8",))?,
+        };
+        let value = bytes_or_none(py, value, size);
+        list.append(PyTuple::new(py, [name, value])?)?;
+        index += 1;
+    }
+    Ok(Some(list))
 }
 
 struct RawPtr(*mut RawMessage);
@@ -668,34 +996,10 @@ impl Record {
         (kind, at)
     }
 
-    /// [(name, value or None)], or None without headers, as confluent-kafka gives them;
-    /// UnicodeDecodeError for a name that is not UTF-8, as its decoding raises it.
+    /// [(name, value or None)], or None without headers, as confluent-kafka gives them
+    /// (`headers_of`).
     fn headers<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
-        let api = self.handle.api;
-        let mut headers: *mut c_void = ptr::null_mut();
-        if (api.message_headers)(self.raw.0, &mut headers) != 0 {
-            return Ok(None);
-        }
-        let list = PyList::empty(py);
-        let mut index = 0;
-        loop {
-            let mut name: *const c_char = ptr::null();
-            let mut value: *const c_void = ptr::null();
-            let mut size = 0usize;
-            if (api.header_get_all)(headers, index, &mut name, &mut value, &mut size) != 0 {
-                break;
-            }
-            // SAFETY: a NUL-terminated name, alive with the message.
-            let name = unsafe { CStr::from_ptr(name) }.to_bytes();
-            let name = match std::str::from_utf8(name) {
-                Ok(name) => PyString::new(py, name).into_any(),
-                Err(_) => PyBytes::new(py, name).call_method1("decode", ("utf-8",))?,
-            };
-            let value = bytes_or_none(py, value, size);
-            list.append(PyTuple::new(py, [name, value])?)?;
-            index += 1;
-        }
-        Ok(Some(list))
+        headers_of(py, self.handle.api, self.raw.0)
     }
 }
 
@@ -705,7 +1009,8 @@ impl Drop for Record {
     }
 }
 
-/// A record that is an error: `error()` is the KafkaError the replay raises.
+/// A record's error: `error()` is the KafkaError the replay raises (or None, for a
+/// record of a RawBatch that has none).
 #[pyclass(frozen, module = "amps_on_kafka_native")]
 struct Failed {
     error: Py<PyAny>,
@@ -721,6 +1026,7 @@ impl Failed {
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
     m.add_class::<RdReader>()?;
     m.add_class::<ReadBatch>()?;
+    m.add_class::<RawBatch>()?;
     m.add_class::<Record>()?;
     m.add_class::<Failed>()
 }
