@@ -1,6 +1,6 @@
 """Acknowledging queue messages, batched as AMPS clients batch them (seed 002).
 
-`message.ack()` hands the bookmark to an AckBatcher; one `sow_delete` carries the
+`message.ack()` hands its header to an AckBatcher; one `sow_delete` carries the
 bookmarks of many messages as a comma-separated list. A batch is sent when it holds
 `batch_size` bookmarks, or `timeout` seconds after its first one, or on `flush()`.
 Acks are sent without a command id: the gateway answers only failures.
@@ -12,128 +12,168 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from amps_on_kafka.errors import AmpsError
+from amps_on_kafka.native import core
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 1  # every ack goes at once unless the application asks for batching
 DEFAULT_TIMEOUT = 0.005  # seconds a partial batch waits for more bookmarks
-LINGER = 1.0  # seconds the timer thread stays awake after the last batch began
+MAX_BATCH_SIZE = 2**63  # what the compiled batcher counts to; a larger size is as good
 OPTIONS = (None, "cancel", "expire")
 
 Send = Callable[[dict[str, Any]], None]
+Batches = dict[tuple[str, str | None], list[str]]  # the bookmarks to send, by topic and option
+Due = Batches | bool | None  # what `add` asks of its caller: see PendingAcks.add
+
+
+class PendingAcks:
+    """The acks waiting to be sent, by (topic, option), and what the ack timer needs to
+    know: the twin of the compiled `AckPending` (native/src/batches.rs), which
+    `message.ack()` calls directly (tests/native/test_ack_pending.py holds the two
+    alike). The compiled one needs no lock: each of its calls runs whole under the GIL."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.count = 0
+        self._pending: Batches = {}
+        self._first = 0.0  # when the batch waiting now began
+        self._idle = True  # the timer sleeps until a batch begins (or is not started)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def add(self, topic: str | None, meta: dict[str, Any], option: str | None) -> Due:
+        """Queue the ack of a message with header (or `recs` entry) `meta`: nothing when it
+        has no bookmark, topic or lease (a barrier message needs no ack). Returns None,
+        True when a batch began while the timer sleeps until one does (wake it), or the
+        batches to send when this ack filled one."""
+        bookmark = meta.get("bm")
+        if bookmark is None or topic is None or meta.get("lp") is None:
+            return None
+        check_ack_option(option)
+        key = (topic, option)
+        with self._lock:
+            bookmarks = self._pending.get(key)
+            if bookmarks is None:
+                self._pending[key] = [bookmark]
+            else:
+                bookmarks.append(bookmark)
+            self.count += 1
+            if self.count >= self.batch_size:
+                return self._take()
+            if self.count == 1:
+                self._first = time.monotonic()
+                if self._idle and not self._closed:
+                    self._idle = False
+                    return True
+            return None
+
+    def take(self) -> Batches:
+        """Everything pending, handed over."""
+        with self._lock:
+            return self._take()
+
+    def due(self, timeout: float) -> Batches | float | None:
+        """The timer's look: None once closed (the timer ends), the batches to send when
+        the waiting one is `timeout` old, else the seconds to sleep (-1: until a batch
+        begins; `add` then says to wake it)."""
+        with self._lock:
+            if self._closed:
+                return None
+            if not self.count:
+                self._idle = True
+                return -1.0
+            left = timeout - (time.monotonic() - self._first)
+            return left if left > 0 else self._take()
+
+    def close(self) -> None:
+        """No batch wakes the timer from now on; its next look ends it."""
+        with self._lock:
+            self._closed = True
+
+    def _take(self) -> Batches:
+        batches, self._pending, self.count = self._pending, {}, 0
+        return batches
 
 
 class AckBatcher:
+    """A connection's batched acks: `message.ack()` calls `add` (the compiled
+    AckPending's own method when the core is there: one C call an ack) and `settle` with
+    what it returns, when anything.
+
+    The timer thread sleeps on a plain lock (a C call), not a Condition: until the batch
+    waiting is due, or, with none waiting, until `add` says one began. So an application
+    that fills its batches wakes it about twice a batch, not every `timeout`."""
+
     def __init__(
         self, send: Send, batch_size: int = DEFAULT_BATCH_SIZE, timeout: float = DEFAULT_TIMEOUT
     ) -> None:
         self._send = send
-        self.batch_size = batch_size
         self.timeout = timeout
-        self._pending: dict[tuple[str, str | None], list[str]] = {}
-        self._count = 0
-        self._first = 0.0  # when the batch waiting now began
-        self._closed = False
-        self._idle = False  # the timer thread sleeps until a batch starts
-        # `add` takes the lock itself (a C call), not through the Condition's Python
-        # __enter__ and __exit__: an ack a message, by the thousand
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        self._pending = PendingAcks(batch_size) if core is None else core.AckPending(batch_size)
+        self.add: Callable[[str | None, dict[str, Any], str | None], Due] = self._pending.add
+        self._wake = threading.Lock()  # held but while the timer is to wake
+        self._wake.acquire()
         self._thread: threading.Thread | None = None
 
     def configure(self, batch_size: int | None = None, timeout: float | None = None) -> None:
         if batch_size is not None:
-            if batch_size < 1:
-                raise ValueError(f"ack batch size must be at least 1, not {batch_size}")
-            self.batch_size = batch_size
+            if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+                raise ValueError(
+                    f"ack batch size must be a whole number of at least 1, not {batch_size!r}"
+                )
+            self._pending.batch_size = min(batch_size, MAX_BATCH_SIZE)
         if timeout is not None:
             if timeout < 0:
                 raise ValueError(f"ack timeout can't be negative: {timeout}")
             self.timeout = timeout
 
-    def add(self, topic: str, bookmark: str, option: str | None = None) -> None:
-        """Queue one acknowledgement: none (processed), "cancel" or "expire"."""
-        if option is not None:
-            check_ack_option(option)
-        key = (topic, option)
-        with self._lock:
-            bookmarks = self._pending.get(key)  # not setdefault: no list made an ack
-            if bookmarks is None:
-                self._pending[key] = [bookmark]
+    def settle(self, due: Batches | bool) -> None:
+        """Do what `add` asked: send the batches it filled, or wake the timer (True)."""
+        if due is True:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._timer, name="amps-acks", daemon=True)
+                self._thread.start()
             else:
-                bookmarks.append(bookmark)
-            self._count += 1
-            if self._count < self.batch_size:
-                if self._count == 1:  # the first of a batch: the timer sends it in time
-                    self._start_timer()
-                return
-            batches = self._take()
-        self._send_all(batches)
+                self._wake.release()  # the timer sleeps on it until a batch begins
+        else:
+            self._send_all(due)  # type: ignore[arg-type]
 
     def flush(self) -> None:
-        with self._changed:
-            batches = self._take()
-        self._send_all(batches)
+        self._send_all(self._pending.take())
 
     def close(self) -> None:
         """Send what waits, and stop the timer thread."""
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
+        self._pending.close()
         if self._thread is not None:
+            with suppress(RuntimeError):  # released already: the timer is waking
+                self._wake.release()
             self._thread.join()
         self.flush()
 
-    def _take(self) -> dict[tuple[str, str | None], list[str]]:
-        batches, self._pending, self._count = self._pending, {}, 0
-        return batches
-
-    def _send_all(self, batches: dict[tuple[str, str | None], list[str]]) -> None:
+    def _send_all(self, batches: Batches) -> None:
         for (topic, option), bookmarks in batches.items():
             header: dict[str, Any] = {"c": "sow_delete", "t": topic, "bm": ",".join(bookmarks)}
             if option is not None:
                 header["o"] = option
             self._send(header)
 
-    def _start_timer(self) -> None:
-        """Under the lock, at a batch's first ack: the timer thread sends a partial batch
-        `timeout` after its first.
-
-        The thread is woken only from an idle sleep. While acks keep coming it stays
-        awake, looking every `timeout`, which costs less than a wake-up per batch."""
-        self._first = time.monotonic()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._timer, name="amps-acks", daemon=True)
-            self._thread.start()
-        elif self._idle:
-            self._changed.notify_all()
-
     def _timer(self) -> None:
-        with self._changed:
-            while not self._closed:
-                if not self._count:
-                    if time.monotonic() - self._first < LINGER:
-                        self._changed.wait(self.timeout)
-                    else:
-                        self._idle = True
-                        self._changed.wait()
-                        self._idle = False
-                    continue
-                remaining = self._first + self.timeout - time.monotonic()
-                if remaining > 0:
-                    self._changed.wait(remaining)
-                    continue
-                batches = self._take()
-                self._changed.release()
-                try:
-                    self._send_all(batches)
-                except AmpsError as exc:  # the connection is gone: nobody to send them to
-                    log.warning("acks not sent: %s", exc)
-                finally:
-                    self._changed.acquire()
+        """Send a partial batch `timeout` after its first ack."""
+        while True:
+            due = self._pending.due(self.timeout)
+            if due is None:
+                return  # closed
+            if type(due) is float:  # -1: until a batch begins
+                self._wake.acquire(True, min(due, threading.TIMEOUT_MAX))
+                continue
+            try:
+                self._send_all(due)
+            except AmpsError as exc:  # the connection is gone: nobody to send them to
+                log.warning("acks not sent: %s", exc)
 
 
 def check_ack_option(option: str | None) -> None:

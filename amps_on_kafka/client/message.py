@@ -78,12 +78,11 @@ class GatewayMessage(Message):
             raise MessageError(
                 f"{self!r} was not delivered by a subscription: there is nothing to ack"
             )
-        # the header read here, not through `bookmark` and `lease_period`: two property
-        # calls an ack, by the thousand (docs/performance.md, the queue's eighth round)
-        meta, topic = self.meta, self.topic
-        bookmark = meta.get("bm")
-        if bookmark is not None and topic is not None and meta.get("lp") is not None:
-            acks.add(topic, bookmark, option)
+        # one compiled call reads the bookmark and lease and queues the ack (AckBatcher.add
+        # is the compiled AckPending's method: docs/performance.md, the queue's ninth round)
+        due = acks.add(self.topic, self.meta, option)
+        if due is not None:  # a batch filled, or began while the timer sleeps
+            acks.settle(due)
 
     @property
     def bookmark(self) -> str | None:

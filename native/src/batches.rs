@@ -12,10 +12,17 @@
 //! An entry this code is not sure of (not a dict, no `n`, `n` not an int or not within
 //! the payload left) ends the iterator; `read` and `offset` say where, and the twin goes
 //! on from there, so its errors are its own.
+//!
+//! `AckPending` holds the acks `message.ack()` batches for a connection (client/acks.py,
+//! `AckBatcher`; its twin there is `PendingAcks`): an ack a message, so one compiled call
+//! does what `ack()` and `AckBatcher.add` did in two Python frames, a lock and a tuple
+//! (about 0.5 us a message, the largest piece of a queue subscriber's own work).
+use std::time::Instant;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyTuple, PyType};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
 
 use crate::records::{allocate, check_layout, locate, put};
 
@@ -161,7 +168,159 @@ impl Batch {
     }
 }
 
+/// A connection's acks waiting to be sent, by (topic, option), and what the ack timer
+/// needs: when the batch waiting began, whether the timer sleeps until one begins, and
+/// whether the batcher is closed. Every method runs under the GIL without calling Python
+/// code that could switch threads (the keys are the frame's topic and an option checked
+/// against two texts), so the twin's lock is not needed here; a call made while another
+/// thread's is under way would fail on the borrow, not corrupt the batch.
+#[pyclass(module = "amps_on_kafka_native")]
+struct AckPending {
+    pending: Py<PyDict>,
+    /// the bookmarks of the last (topic, option) added, while that list is pending: a
+    /// burst's messages share their frame's topic, so most acks skip the tuple and the
+    /// dict look-up
+    last: Option<(Py<PyAny>, Py<PyAny>, Py<PyList>)>,
+    #[pyo3(get)]
+    count: u64,
+    #[pyo3(get, set)]
+    batch_size: u64,
+    first: Instant,
+    idle: bool,
+    closed: bool,
+}
+
+impl AckPending {
+    /// Everything pending, handed over; nothing pending after.
+    fn taken<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyDict> {
+        self.count = 0;
+        self.last = None;
+        std::mem::replace(&mut self.pending, PyDict::new(py).unbind()).into_bound(py)
+    }
+
+    /// The list `bookmark` joins: the last one when `topic` and `option` are the same
+    /// objects, else the dict's (made when it has none).
+    fn list_for<'py>(
+        &mut self,
+        topic: &Bound<'py, PyAny>,
+        option: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = topic.py();
+        if let Some((last_topic, last_option, list)) = &self.last {
+            if last_topic.is(topic) && last_option.is(option) {
+                return Ok(list.bind(py).clone());
+            }
+        }
+        let key = PyTuple::new(py, [topic, option])?;
+        let pending = self.pending.bind(py);
+        let list = match pending.get_item(&key)? {
+            Some(list) => list.cast_into::<PyList>()?,
+            None => {
+                let list = PyList::empty(py);
+                pending.set_item(key, &list)?;
+                list
+            }
+        };
+        self.last = Some((
+            topic.clone().unbind(),
+            option.clone().unbind(),
+            list.clone().unbind(),
+        ));
+        Ok(list)
+    }
+}
+
+#[pymethods]
+impl AckPending {
+    #[new]
+    fn new(py: Python<'_>, batch_size: u64) -> Self {
+        Self {
+            pending: PyDict::new(py).unbind(),
+            last: None,
+            count: 0,
+            batch_size,
+            first: Instant::now(),
+            idle: true,
+            closed: false,
+        }
+    }
+
+    /// Queue the ack of a message with header (or `recs` entry) `meta`: nothing when it has
+    /// no bookmark, topic or lease (a barrier message needs no ack). Returns None, True
+    /// when a batch began while the timer sleeps until one does (wake it), or the batches
+    /// to send when this ack filled one.
+    fn add<'py>(
+        &mut self,
+        topic: &Bound<'py, PyAny>,
+        meta: &Bound<'py, PyDict>,
+        option: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = topic.py();
+        let Some(bookmark) = meta.get_item(intern!(py, "bm"))? else {
+            return Ok(None);
+        };
+        if bookmark.is_none() || topic.is_none() {
+            return Ok(None);
+        }
+        match meta.get_item(intern!(py, "lp"))? {
+            Some(lease) if !lease.is_none() => {}
+            _ => return Ok(None),
+        }
+        if !option.is_none()
+            && !option.eq(intern!(py, "cancel"))?
+            && !option.eq(intern!(py, "expire"))?
+        {
+            return Err(PyValueError::new_err(format!(
+                "ack option must be cancel or expire, not {}",
+                option.repr()?
+            )));
+        }
+        self.list_for(topic, option)?.append(bookmark)?;
+        self.count += 1;
+        if self.count >= self.batch_size {
+            return Ok(Some(self.taken(py).into_any()));
+        }
+        if self.count == 1 {
+            self.first = Instant::now();
+            if self.idle && !self.closed {
+                self.idle = false;
+                return Ok(Some(PyBool::new(py, true).to_owned().into_any()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Everything pending, {(topic, option): [bookmark, ...]}, handed over.
+    fn take<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyDict> {
+        self.taken(py)
+    }
+
+    /// The timer's look, `timeout` seconds a batch may wait: None once closed (the timer
+    /// ends), the batches to send when the waiting one is due, else the seconds to sleep
+    /// (-1: until a batch begins; `add` then says to wake it).
+    fn due<'py>(&mut self, py: Python<'py>, timeout: f64) -> Option<Bound<'py, PyAny>> {
+        if self.closed {
+            return None;
+        }
+        if self.count == 0 {
+            self.idle = true;
+            return Some(PyFloat::new(py, -1.0).into_any());
+        }
+        let left = timeout - self.first.elapsed().as_secs_f64();
+        if left > 0.0 {
+            return Some(PyFloat::new(py, left).into_any());
+        }
+        Some(self.taken(py).into_any())
+    }
+
+    /// No batch wakes the timer from now on; its next look ends it.
+    fn close(&mut self) {
+        self.closed = true;
+    }
+}
+
 pub fn register(m: &Bound<PyModule>) -> PyResult<()> {
     m.add_class::<BatchBuilder>()?;
-    m.add_class::<Batch>()
+    m.add_class::<Batch>()?;
+    m.add_class::<AckPending>()
 }

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
-from amps_on_kafka.client import acks as acks_module
 from amps_on_kafka.client import tcp_outbox
 from amps_on_kafka.client.acks import AckBatcher
+from amps_on_kafka.client.message import GatewayMessage
 from amps_on_kafka.client.tcp_outbox import Outbox
 from amps_on_kafka.protocol.frame_buffer import publish_frame
 from amps_on_kafka.protocol.frames import FrameDecoder
@@ -133,11 +134,18 @@ class Sent:
         return self.headers[self._taken - 1]
 
 
+def ack(batcher: AckBatcher, bookmark: str, option: str | None = None) -> None:
+    """message.ack() of a leased queue message delivered with `batcher`'s connection."""
+    message = GatewayMessage("publish", "q", {"bm": bookmark, "lp": 60_000, "n": 0})
+    message.acks = batcher
+    message.ack(option)
+
+
 def test_a_full_batch_goes_at_once_as_one_comma_separated_sow_delete():
     sent = Sent()
     batcher = AckBatcher(sent, batch_size=3, timeout=60)
     for bookmark in ("q|0|1|", "q|0|2|", "q|0|3|"):
-        batcher.add("q", bookmark)
+        ack(batcher, bookmark)
     assert sent.headers == [{"c": "sow_delete", "t": "q", "bm": "q|0|1|,q|0|2|,q|0|3|"}]
     batcher.close()
 
@@ -145,29 +153,37 @@ def test_a_full_batch_goes_at_once_as_one_comma_separated_sow_delete():
 def test_a_partial_batch_goes_once_its_timeout_passes():
     sent = Sent()
     batcher = AckBatcher(sent, batch_size=100, timeout=0.01)
-    batcher.add("q", "q|0|1|")
-    batcher.add("q", "q|0|2|", "cancel")
+    ack(batcher, "q|0|1|")
+    ack(batcher, "q|0|2|", "cancel")
     first, second = sent.next(), sent.next()
     assert {first["bm"], second["bm"]} == {"q|0|1|", "q|0|2|"}
     assert [h.get("o") for h in (first, second) if h["bm"] == "q|0|2|"] == ["cancel"]
     batcher.close()
 
 
-def test_the_timer_still_sends_after_it_went_idle(monkeypatch):
-    monkeypatch.setattr(acks_module, "LINGER", 0.0)  # idle as soon as a batch is sent
+def test_the_timer_still_sends_after_it_went_idle():
+    """With nothing waiting the timer sleeps until a batch begins: each batch wakes it."""
     sent = Sent()
     batcher = AckBatcher(sent, batch_size=100, timeout=0.01)
     for number in range(3):
-        batcher.add("q", f"q|0|{number}|")
+        ack(batcher, f"q|0|{number}|")
         assert sent.next()["bm"] == f"q|0|{number}|"
     batcher.close()
+
+
+@pytest.mark.parametrize("size", [0, 2.5, True, "3"])
+def test_an_ack_batch_size_is_a_whole_number_of_at_least_one(size):
+    with pytest.raises(ValueError, match="ack batch size must be a whole number of at least 1"):
+        AckBatcher(Sent()).configure(batch_size=size)
 
 
 def test_close_sends_what_waits():
     sent = Sent()
     batcher = AckBatcher(sent, batch_size=100, timeout=60)
-    batcher.add("q", "q|0|7|")
+    ack(batcher, "q|0|7|")
+    started = time.monotonic()
     batcher.close()
+    assert time.monotonic() - started < WAIT  # the timer's 60 s sleep was cut short
     assert sent.headers == [{"c": "sow_delete", "t": "q", "bm": "q|0|7|"}]
 
 
