@@ -44,7 +44,7 @@ struct Entry<'a> {
     key: &'a str,
     bookmark: Cow<'a, str>,
     timestamp: i64,
-    seconds: Option<&'a [u8]>,
+    seconds: Option<Cow<'a, [u8]>>,
     payload: &'a [u8],
 }
 
@@ -63,7 +63,7 @@ fn entry(out: &mut Vec<u8>, record: &Entry) {
     escape_into(out, &record.bookmark);
     out.extend_from_slice(b"\",\"ts\":");
     push_int(out, record.timestamp);
-    if let Some(seconds) = record.seconds {
+    if let Some(seconds) = &record.seconds {
         out.extend_from_slice(b",\"e\":");
         out.extend_from_slice(seconds);
     }
@@ -182,7 +182,7 @@ fn look_up_answer<'py>(
             key,
             bookmark: Cow::Borrowed(bookmark),
             timestamp: *timestamp,
-            seconds: seconds.as_ref().map(|seconds| seconds.as_bytes()),
+            seconds: seconds.as_ref().map(|seconds| Cow::Borrowed(seconds.as_bytes())),
             payload: payload.as_bytes(),
         })
         .collect();
@@ -216,11 +216,28 @@ fn equal(found: &Key, literal: &Bound<PyAny>) -> Option<bool> {
     }
 }
 
+/// A record's `e` as orjson writes `SowRecord.expiration`, `(deadline - timestamp) / 1000`:
+/// the shortest text that reads back as that double (as Rust's `Display` writes it), with
+/// `.0` on a whole number. None outside 1 ms to 10^15 ms, where orjson may write an
+/// exponent (from 1e16 s) and the twin answers.
+fn seconds(deadline: i64, timestamp: i64) -> Option<String> {
+    let millis = deadline.checked_sub(timestamp)?;
+    if !(1..1_000_000_000_000_000).contains(&millis) {
+        return None;
+    }
+    let mut text = (millis as f64 / 1000.0).to_string();
+    if !text.contains('.') {
+        text.push_str(".0");
+    }
+    Some(text)
+}
+
 /// A `sow` of `/field = literal` answered from the stored bytes (`queries._key_answer`):
 /// `stored` is each store's (partition, stored record) for `sow_key`, read in one moment
 /// with the clock `now`; a record `expiring` past its deadline is left out, one whose
-/// payload's top-level `field` is not the literal too. None where the twin must decide:
-/// a record that will expire (its `e` is orjson's float), a stored record shorter than
+/// payload's top-level `field` is not the literal too; a record that will expire gets its
+/// `e` (`seconds`). None where the twin must decide: an `e` `seconds` does not write, a
+/// stored record shorter than
 /// its header, a payload the scan is not sure of, a field of another type than the
 /// literal's, a literal that is neither a text nor an int (the caller gives only those).
 #[pyfunction]
@@ -251,9 +268,14 @@ fn key_answer<'py>(
         if expiring && deadline != NEVER && deadline <= now {
             continue;
         }
-        if deadline != NEVER {
-            return Ok(None);
-        }
+        let e = if deadline == NEVER {
+            None
+        } else {
+            let Some(text) = seconds(deadline, timestamp) else {
+                return Ok(None);
+            };
+            Some(Cow::Owned(text.into_bytes()))
+        };
         let payload = &record[HEADER..];
         let Some(found) = json_scan::key(payload, field) else {
             return Ok(None);
@@ -267,7 +289,7 @@ fn key_answer<'py>(
             key: sow_key,
             bookmark: Cow::Owned(format!("{topic}|{partition}|{offset}|")),
             timestamp,
-            seconds: None,
+            seconds: e,
             payload,
         });
     }

@@ -182,7 +182,10 @@ def stored_cases(draw: st.DrawFn) -> tuple:
     found = []
     for at in draw(st.lists(st.sampled_from([0, 1]), max_size=2, unique=True)):
         timestamp = draw(st.integers(0, now))
-        deadline = draw(st.sampled_from([NEVER, now - 1, now, now + 1, now + 10**6]))
+        deadline = draw(
+            st.sampled_from([NEVER, now - 1, now, now + 1, now + 10**6])
+            | st.integers(-5, 10**16).map(lambda lives, ts=timestamp: ts + lives)
+        )  # the last: an `e` from below 0 to past where orjson writes an exponent
         stored = pack_record(
             draw(st.integers(0, 2**62)), timestamp, deadline, draw(payloads(field, literal))
         )
@@ -272,14 +275,21 @@ def test_key_answer_answers_the_common_cases_and_declines_the_rest(
     assert b'"records_returned":%d' % expected in answer[0]
 
 
-def test_key_answer_leaves_expired_records_out_and_declines_expiring_ones() -> None:
+def test_key_answer_leaves_expired_records_out_and_writes_the_e_of_expiring_ones() -> None:
     """An expired record of an expiring topic is left out; a live record with a deadline
-    is declined (its `e` is orjson's float, written by the twin)."""
-    expired = [(0, pack_record(7, 1_000, 1_500, b'{"id":42}'))]
+    is answered with its `e` as orjson writes SowRecord.expiration; an `e` of 0 or
+    less, or of 10^12 s or more (orjson's exponent is near), is declined."""
     args = (b'"t":"t"', b'"t":"t"', (False, True, False), "t", "42", "id", 42)
-    answer = core.key_answer(*args, expired, 2_000, True, 10, 400)
-    assert answer is not None and b'"records_returned":0' in answer[0]
-    assert core.key_answer(*args, expired, 1_400, True, 10, 400) is None
-    assert (
-        core.key_answer(*args, expired, 2_000, False, 10, 400) is None
-    )  # not expiring: kept, has `e`
+
+    def answer(timestamp: int, deadline: int, now: int, expiring: bool = True) -> bytes | None:
+        stored = [(0, pack_record(7, timestamp, deadline, b'{"id":42}'))]
+        given = core.key_answer(*args, stored, now, expiring, 10, 400)
+        return None if given is None else given[0]
+
+    assert b'"records_returned":0' in answer(1_000, 1_500, 2_000)  # type: ignore[operator]
+    for lives, e in ((500, b"0.5"), (1, b"0.001"), (3_600_000, b"3600.0"), (10**15 - 1, None)):
+        written = answer(1_000, 1_000 + lives, 1_000)
+        assert written is not None and b'"e":' + (e or orjson.dumps(lives / 1000)) in written
+    assert answer(1_000, 1_000 + 10**15, 1_000) is None
+    assert answer(1_000, 1_000, 900) is None
+    assert b'"e":0.5' in answer(1_000, 1_500, 2_000, expiring=False)  # type: ignore[operator]
