@@ -41,6 +41,7 @@ from amps_on_kafka.server.cluster import Cluster
 from amps_on_kafka.server.deletes import DeleteTracker
 from amps_on_kafka.server.delivery import DeliveryPump, PublishBudget
 from amps_on_kafka.server.fanout import Fanout
+from amps_on_kafka.server.queries import KeyPlan
 from amps_on_kafka.server.queues import QueueService
 from amps_on_kafka.server.replies import ack
 from amps_on_kafka.server.session import Session
@@ -85,6 +86,8 @@ class Gateway:
         self.buffers = SendBudget(settings.max_buffered_bytes, self.sessions)
         # Set by a worker in a group (cli/worker.py): queries span every worker's partitions.
         self.cluster: Cluster | None = None
+        # a look-up's checks, made once per (topic, acks, bs) shape (queries.look_up_at_once)
+        self.key_plans: dict[tuple[str, str | None, int | None], KeyPlan] = {}
         self.producer = _shared_producer(bootstrap, settings)
         self.pump = DeliveryPump(
             self.loop,

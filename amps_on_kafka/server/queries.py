@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from amps_on_kafka.errors import AmpsError
 from amps_on_kafka.expr import Filter
 from amps_on_kafka.expr.keys import KeyEquality
 from amps_on_kafka.log.keys import key_from_values
@@ -29,7 +30,15 @@ from amps_on_kafka.protocol.frames import encode_frame, frame_of
 from amps_on_kafka.server.fanout import Boundary
 from amps_on_kafka.server.peers import PARTS, parts_of
 from amps_on_kafka.server.replies import ack, converted, group, ids, sow_batch
-from amps_on_kafka.server.requests import MAX_BATCH, Request, content_filter, count, options, text
+from amps_on_kafka.server.requests import (
+    MAX_BATCH,
+    Request,
+    acks,
+    content_filter,
+    count,
+    options,
+    text,
+)
 from amps_on_kafka.server.scans import compiled_writes
 from amps_on_kafka.server.subscriptions import SUBSCRIBE_OPTIONS, SowSubscription, subscription_id
 from amps_on_kafka.state.record import SowRecord
@@ -97,6 +106,100 @@ async def sow(session: Session, request: Request) -> None:
 
 # a query with any of these takes the general path (Query.parse checks them)
 GENERAL_KEYS = frozenset({"orderby", "top_n", PARTS})
+# the only keys a `sow` answered by look_up_at_once may have (a client's look-up by key)
+AT_ONCE_KEYS = frozenset({"c", "cid", "t", "a", "bs", "f"})
+MAX_PLANS = 256  # shapes a gateway keeps (their keys are the clients': bounded)
+
+
+@dataclass(slots=True)
+class KeyPlan:
+    """What a `sow` of one (topic, acks, batch size) shape needs once its header was
+    checked (look_up_at_once): the Key path it pins, the answer's echoed topic and acks."""
+
+    path: str  # the topic's one Key path, top level (`/id`)
+    topic: bytes  # `"t":"<topic>"`, the end of every echo
+    wants: tuple[bool, bool, bool]  # processed, stats, completed
+    expiring: bool
+    batch: int
+
+
+def look_up_at_once(session: Session, header: dict[str, Any]) -> bool:
+    """Answer a client's look-up by key (`/path = literal`, acks, `bs`, a text `cid`,
+    nothing else) straight from the frame split, for a user with nothing to check
+    (Session._answered_at_once): the header's checks (acks, topic, `bs`, not a queue,
+    the Key path, the codec) are made once per (topic, acks, bs) shape and kept
+    (`KeyPlan`), and the compiled core writes the answer from the stored bytes. The
+    Request, the handler's routing and _key_answer's checks were ~50,000 instructions
+    a look-up above a heartbeat (docs/performance.md). False, with nothing sent, for
+    anything else, or where the compiled core declines: _handle then takes the command
+    the general way, which answers it or names what is wrong with it."""
+    gateway = session.gateway
+    if gateway.cluster is not None or core is None or not header.keys() <= AT_ONCE_KEYS:
+        return False
+    cid, topic = header.get("cid"), header.get("t")
+    wanted, batch = header.get("a"), header.get("bs")
+    if type(cid) is not str or type(topic) is not str:
+        return False
+    if not (wanted is None or type(wanted) is str) or not (batch is None or type(batch) is int):
+        return False  # the general path checks them (a list would not hash)
+    equality = KeyEquality.of(header.get("f"))
+    if equality is None:
+        return False
+    shape = (topic, wanted, batch)
+    plan = gateway.key_plans.get(shape)
+    if plan is None:
+        plan = _key_plan(session, header)
+        if plan is None:
+            return False
+        if len(gateway.key_plans) >= MAX_PLANS:
+            gateway.key_plans.clear()
+        gateway.key_plans[shape] = plan
+    if equality.path != plan.path:
+        return False
+    started = time.perf_counter()
+    read = gateway.engine.stored(topic, equality.key)
+    if read is None:
+        return False
+    found, now = read
+    echo = b'"cid":' + orjson.dumps(cid) + b"," + plan.topic
+    stored = [(store.partition, record) for store, record in found]
+    answer: tuple[bytes, int] | None = core.key_answer(
+        echo, echo, plan.wants, topic, equality.key, plan.path[1:], equality.literal, stored,
+        now, plan.expiring, plan.batch, BATCH_BYTES,
+    )  # fmt: skip
+    if answer is None:
+        return False
+    session.send_encoded(*answer)
+    gateway.stats.query_latency.observe(time.perf_counter() - started)
+    return True
+
+
+def _key_plan(session: Session, header: dict[str, Any]) -> KeyPlan | None:
+    """The shape's plan, checked as _handle and _key_answer check it; None where the
+    general path must answer: a bad header (it names the fault), a `received` ack, a
+    queue, a topic not JSON, a Key of more than one path or a nested one."""
+    gateway, topic = session.gateway, header["t"]
+    queues = gateway.queues
+    if queues is not None and queues.serves(topic):
+        return None
+    try:
+        wanted = acks(header)
+        key = gateway.engine.sow_config(topic).key
+        batch = count(header, "bs", default=DEFAULT_BATCH, limit=MAX_BATCH) or 1
+    except AmpsError:
+        return None
+    rules = gateway.engine.rules[topic]
+    if "received" in wanted or rules.codec.message_type != "json":
+        return None
+    if len(key) != 1 or key[0].count("/") != 1:
+        return None
+    return KeyPlan(
+        path=key[0],
+        topic=b'"t":' + orjson.dumps(topic),
+        wants=("processed" in wanted, "stats" in wanted, "completed" in wanted),
+        expiring=rules.expiring,
+        batch=batch,
+    )
 
 
 def _key_answer(session: Session, request: Request) -> tuple[bytes, int] | None:
@@ -136,8 +239,8 @@ def _stored_answer(
 ) -> tuple[bytes, int]:
     """_key_answer's answer from the stores' stored records of its key (`found`, read
     with the clock `now`): written by the compiled core from the bytes where it is sure
-    of it (native/src/lookups.rs key_answer: a JSON topic, a top-level field, a record
-    that never expires), else by the twin: the records made, engine.kept, then
+    of it (native/src/lookups.rs key_answer: a JSON topic, a top-level field, a record's
+    `e` within 1 ms to 10^12 s), else by the twin: the records made, engine.kept, then
     _answer_at_once."""
     rules, key = engine.rules[topic], equality.key
     if core is not None and rules.codec.message_type == "json" and len(equality.steps) == 1:

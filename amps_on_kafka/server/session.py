@@ -176,17 +176,21 @@ class Session:
             position += 1
             # a plain publish the batch did not take goes as any frame
             event = Frame(publish_header(taken), taken[2]) if isinstance(taken, tuple) else taken
-            if not self._published_at_once(event):
+            if not self._answered_at_once(event):
                 await self._handle(event)
 
-    def _published_at_once(self, event: Frame | BadFrame) -> bool:
-        """Write a plain publish without the layers of _handle: one that asks for no ack,
-        from a user with nothing to check, to a topic no queue serves (the rest of what
-        _handle does for it is nothing). False when _handle must take it."""
+    def _answered_at_once(self, event: Frame | BadFrame) -> bool:
+        """Write a plain publish, or answer a look-up by key (queries.look_up_at_once),
+        without the layers of _handle: a publish that asks for no ack, from a user with
+        nothing to check, to a topic no queue serves (the rest of what _handle does for
+        it is nothing). False when _handle must take it."""
         if type(event) is not Frame or self.client_name is None:
             return False
         header = event.header
-        if header.get("c") != "publish" or "a" in header:
+        command = header.get("c")
+        if command == "sow":
+            return self._unchecked() and queries.look_up_at_once(self, header)
+        if command != "publish" or "a" in header:
             return False
         if not self._unchecked():
             return False

@@ -223,6 +223,113 @@ def test_a_key_look_up_while_the_worker_holds_the_engine_waits_on_the_pool(
     assert pool_trips.count >= 1 and records == expected[0]
 
 
+class AtOnce:
+    """Counts the look-ups queries.look_up_at_once answered (True) and passed on."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.passed = 0
+
+
+@pytest.fixture
+def at_once(monkeypatch) -> AtOnce:
+    counts = AtOnce()
+    direct = queries.look_up_at_once
+
+    def counted(session, header):
+        answered = direct(session, header)
+        if answered:
+            counts.answered += 1
+        else:
+            counts.passed += 1
+        return answered
+
+    monkeypatch.setattr(queries, "look_up_at_once", counted)
+    return counts
+
+
+def _frames(wire, header: dict) -> list:
+    """Every frame answering `header` (which asks for the completed ack), the `cid` aside."""
+    wire.send(header)
+    return [
+        ({k: v for k, v in f.header.items() if k != "cid"}, f.payload)
+        for f in wire.until(lambda f: is_ack(f, "completed") or f.header.get("status") == "failure")
+    ]
+
+
+# the literals the compiled core answers (a text against a number field, and the
+# reverse, or a negative number, it passes on: the general path's filter decides)
+AT_ONCE = ["3", "003", "99", "'7'", "'x y'"]
+
+
+@pytest.mark.parametrize("literal", [*AT_ONCE, "-3", "'3'", "7"])
+@pytest.mark.parametrize("acks", ["processed,completed", "processed,stats,completed"])
+def test_a_clients_look_up_is_answered_from_the_frame_split_as_the_general_path(
+    served, client, wire, pool_trips, at_once, literal, acks
+):
+    """A client's look-up header (`c`, `cid`, `t`, `a`, `bs`, `f`) is answered by
+    queries.look_up_at_once, with the checks of its shape made once: every frame as the
+    pool's answer to `/id IN (literal)`, present and absent keys alike; a literal the
+    compiled core is not sure of is passed on, and _handle answers it the same."""
+    docs = [{"id": 3, "qty": 30}, {"id": "7", "qty": 70}, {"id": "x y", "qty": 1}]
+    publish_applied(client, served.topic, [*docs, {"id": -3, "qty": -30}])
+    request = {"c": "sow", "cid": "q", "t": served.topic, "a": acks, "bs": 1}
+    for _ in range(20):  # the worker holding the engine's lock passes it on (as below)
+        at_once.answered = 0
+        fast = _frames(wire, {**request, "f": f"/id = {literal}"})
+        if at_once.answered or literal not in AT_ONCE:
+            break
+    assert at_once.answered == (literal in AT_ONCE)
+    assert fast == _frames(wire, {**request, "f": f"/id IN ({literal})"})
+    assert pool_trips.count >= 1  # the IN took the pool: the two paths were compared
+
+
+@pytest.mark.parametrize(
+    ("fields", "answer"),
+    [
+        ({"query_id": "w"}, 1),  # a key a client's look-up does not have
+        ({"s": 12}, 1),
+        ({"top_n": 1}, 1),
+        ({"a": "received,completed"}, 1),  # the received ack: _handle sends it
+        ({"cid": 5}, 1),
+        ({"f": "/qty = 30"}, 1),  # not the Key path
+        ({"f": "/id = 3 AND /qty = 30"}, 1),
+        ({"a": ["completed"]}, "'a' must be a comma-separated string"),
+        ({"bs": -1}, "'bs' must be a whole number >= 0, not -1"),
+        ({"bs": True}, "'bs' must be a whole number >= 0, not True"),
+        ({"t": "elsewhere"}, "'elsewhere' is not a SOW topic of this worker"),
+    ],
+)
+def test_a_look_up_of_another_shape_is_passed_to_the_general_path(
+    served, client, wire, at_once, fields, answer
+):
+    """What look_up_at_once does not take it passes on having sent nothing, and the
+    general path answers it (`answer` records), or names its fault, as before."""
+    publish_applied(client, served.topic, [{"id": 3, "qty": 30}])
+    request = {"c": "sow", "cid": "q", "t": served.topic, "a": "completed", "bs": 10}
+    given = _frames(wire, {**request, "f": "/id = 3", **fields})
+    assert (at_once.answered, at_once.passed) == (0, 1)
+    if isinstance(answer, str):
+        assert [(h["status"], h["reason"]) for h, _ in given] == [("failure", answer)]
+    else:
+        assert sum(len(h["recs"]) for h, _ in given if h["c"] == "sow") == answer
+        assert given[-1][0]["a"] == "completed"
+
+
+def test_a_gateway_keeps_at_most_max_plans_look_up_shapes(
+    served, client, wire, at_once, monkeypatch
+):
+    """The plans' keys are the clients' (`a`, `bs`): a gateway keeps MAX_PLANS of them."""
+    monkeypatch.setattr(queries, "MAX_PLANS", 2)
+    publish_applied(client, served.topic, [{"id": 3, "qty": 30}])
+    for batch in range(1, 6):
+        request = {"c": "sow", "cid": "q", "t": served.topic, "a": "completed", "bs": batch}
+        frames = _frames(wire, {**request, "f": "/id = 3"})
+        assert [h["c"] for h, _ in frames] == ["group_begin", "sow", "group_end", "ack"]
+        assert len(served.gateway.key_plans) <= 2
+    assert at_once.answered >= 1
+
+
 def test_delta_publish_merges_into_the_record(served, client):
     publish_applied(client, served.topic, [{"id": 1, "a": 1, "b": 1}])
     with client.subscribe(served.topic, timeout=WAIT) as applied:
