@@ -62,6 +62,11 @@ class QueueState(Delivering, Removal):
         if core is not None
         else None
     )
+    # The recovery point's walk of a partition's arrivals (native/src/queue_enqueue.rs
+    # `first_queued`; the twin `_first_queued`); None without the core.
+    _first_queued_compiled: Callable[..., QueueEntry | None] | None = (
+        core.first_queued if core is not None else None
+    )
 
     def __init__(
         self,
@@ -99,7 +104,9 @@ class QueueState(Delivering, Removal):
         self._active = 0  # entries HELD, AVAILABLE or LEASED
         self._early: dict[MessageId, Early] = {}
         self._early_floor: int | None = None  # min ev_pos of _early, None when unknown
-        self._partitions: dict[TP, deque[tuple[int, int]]] = {}  # (offset, ev_pos) in order
+        # each partition's offsets in arrival order (the front is read by recovery_point:
+        # its message's ev_pos too, so no tuple a message is kept here beside it)
+        self._partitions: dict[TP, deque[int]] = {}
         self._rr = 0
 
     # -- reading the log ------------------------------------------------------------
@@ -203,7 +210,7 @@ class QueueState(Delivering, Removal):
         order = self._partitions.get(tp)  # type: ignore[call-overload]
         if order is None:  # not setdefault: it would make a deque for every message
             order = self._partitions[tp] = deque()  # type: ignore[index]
-        order.append((entry.id[2], entry.ev_pos))
+        order.append(entry.id[2])
         depth = self.policy.target_depth
         if depth is not None and (self._active >= depth or self._waiting):
             entry.status = Status.WAITING
@@ -331,13 +338,12 @@ class QueueState(Delivering, Removal):
     def recovery_point(self) -> RecoveryPoint:
         """Where a rebuild of this queue from the logs can start (see RecoveryPoint)."""
         offsets, floors = {}, [self._floor()]
+        first_queued = self._first_queued_compiled or _first_queued
         for tp, order in self._partitions.items():
-            topic, partition = tp
-            while order and (topic, partition, order[0][0]) not in self.entries:
-                order.popleft()
-            if order:
-                offsets[tp] = order[0][0]
-                floors.append(order[0][1])
+            front = first_queued(order, self.entries, *tp)
+            if front is not None:
+                offsets[tp] = order[0]
+                floors.append(front.ev_pos)
             else:
                 offsets[tp] = self.positions[tp]
         self._forget_passed_early()
@@ -349,3 +355,16 @@ class QueueState(Delivering, Removal):
         passed = [m for m in self._early if not self._unread(m)]
         for message in passed:
             self._pop_early(message)
+
+
+def _first_queued(
+    order: deque[int], entries: dict[MessageId, QueueEntry], topic: str, partition: int
+) -> QueueEntry | None:
+    """The message at the first of a partition's arrivals still in the queue, the
+    offsets before it (messages removed) dropped from `order`; None once it is empty."""
+    while order:
+        entry = entries.get((topic, partition, order[0]))
+        if entry is not None:
+            return entry
+        order.popleft()
+    return None

@@ -1,8 +1,8 @@
 """The compiled parts of the queue state machine against their Python twins: the
 applier of acks (native/src/queue_acks.rs; twin: `Removal.ack`'s own loop), the
-dispatcher (native/src/queue_dispatch.rs; twin: `Delivering.dispatch`'s own loop) and the
-enqueuer (native/src/queue_enqueue.rs; twin: `QueueState.enqueue_read`'s own loop), what
-runs without the core.
+dispatcher (native/src/queue_dispatch.rs; twin: `Delivering.dispatch`'s own loop), the
+enqueuer and the recovery point's walk of the arrivals (native/src/queue_enqueue.rs; twins:
+`QueueState.enqueue_read`'s own loop and `_first_queued`), what runs without the core.
 
 Both change the state machine's own structures, so two queues, one with them and one
 without, are driven through the same random sequences of everything that can happen to a
@@ -13,17 +13,19 @@ and after every step all they hold and all they answered must be the same.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from amps_on_kafka.expr import compile_filter
+from amps_on_kafka.native import core
 from amps_on_kafka.processor.queue_recording import events_record
-from amps_on_kafka.state.queue import QueueState
+from amps_on_kafka.state.queue import QueueState, _first_queued
 from amps_on_kafka.state.queue_store import encode_events
 from amps_on_kafka.state.queue_types import (
     QueueEntry,
@@ -42,12 +44,14 @@ class TwinState(QueueState):
     _acks_compiled = None
     _dispatch_compiled = None
     _enqueue_compiled = None
+    _first_queued_compiled = None
 
 
 def test_the_compiled_parts_are_in_use():
     assert type(QueueState._acks_compiled.__self__).__name__ == "AckApplier"  # type: ignore[union-attr]
     assert type(QueueState._dispatch_compiled.__self__).__name__ == "Dispatcher"  # type: ignore[union-attr]
     assert type(QueueState._enqueue_compiled.__self__).__name__ == "Enqueuer"  # type: ignore[union-attr]
+    assert QueueState._first_queued_compiled is core.first_queued  # type: ignore[union-attr]
 
 
 def snapshot(state: QueueState) -> dict[str, Any]:
@@ -140,6 +144,27 @@ class StateMachine(RuleBasedStateMachine):
         now = self.clock.now
         self.both(lambda s: s.enqueue_read([self.item(x, partition, now) for x in read]))
 
+    @rule(picks=st.lists(st.tuples(st.sampled_from([*PARTITIONS, 2]), st.booleans()), max_size=8))
+    def publish_mixed(self, picks) -> None:
+        """A batch whose messages alternate between partitions (a partition never started
+        among them), now and then one read before: each partition's position and
+        arrivals as the twin keeps them."""
+        read: list = []
+        for partition, before in picks:
+            offset = self.next_offset.setdefault(partition, 0)
+            if before and offset:
+                offset -= 1
+            else:
+                self.next_offset[partition] += 1
+            read.append((partition, (offset, {"p": offset % 3, "f": 0, "b": 0}, None)))
+        now = self.clock.now
+        self.both(lambda s: s.enqueue_read([self.item(x, p, now) for p, x in read]))
+
+    @rule()
+    def recover(self) -> None:
+        """The recovery point, and each partition's arrivals the walk leaves behind."""
+        self.both(lambda s: s.recovery_point())
+
     @staticmethod
     def item(what, partition: int, now: int) -> Any:
         if isinstance(what, int):  # a position that held no message
@@ -208,6 +233,51 @@ class Entry(QueueEntry):
     """A message of another class: left to the twin."""
 
     __slots__ = ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    offsets=st.lists(st.integers(-3, 12), max_size=12),
+    queued=st.sets(st.integers(-3, 12)),
+    partition=st.sampled_from([0, 1, True, 1.0]),
+)
+def test_the_walk_of_arrivals_is_the_twins(offsets, queued, partition):
+    """first_queued drops from the arrivals' front the offsets whose message left, and
+    returns the first one's message, as `_first_queued` does (a partition that only
+    equals the ids' finds them as a dict does)."""
+    entries = {("orders", 1, offset): object() for offset in queued}
+    outcomes = []
+    for walk in (core.first_queued, _first_queued):  # type: ignore[union-attr]
+        order = deque(offsets)
+        outcomes.append((walk(order, entries, "orders", partition), list(order)))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_the_walk_of_arrivals_fails_as_the_twin():
+    """Arrivals that are not a deque (a list: no popleft) fail in both with the same
+    error, once an offset must be dropped."""
+    entries = {("orders", 0, 5): object()}
+    errors = []
+    for walk in (core.first_queued, _first_queued):  # type: ignore[union-attr]
+        with pytest.raises(AttributeError) as caught:
+            walk([1, 5], entries, "orders", 0)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("position", [2**64, 3.0, None])
+def test_a_position_the_enqueuer_does_not_read_is_left_to_the_twin(position):
+    """A partition's position that is not an int of 64 bits (or none at all) leaves its
+    messages to the twin, and the queue ends as the twin's."""
+    outcomes = []
+    for cls in (QueueState, TwinState):
+        state = cls(QueuePolicy("Q"), FakeClock())
+        if position is not None:
+            state.start_at(("orders", 0), position)  # type: ignore[arg-type]
+        read = [QueueEntry(("orders", p, o), 1, b"{}") for o in (2, 3, 5) for p in (0, 1)]
+        state.enqueue_read(read)
+        outcomes.append((snapshot(state), state.recovery_point()))
+    assert outcomes[0] == outcomes[1]
 
 
 @pytest.mark.parametrize("odd", ["session", "entry", "generator"])
