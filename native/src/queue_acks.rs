@@ -15,6 +15,10 @@
 //! it. The call stops at the first message it does not take (absent, not leased, held by
 //! another session, objects of other classes); the twin applies that one and calls again
 //! after it, so the outbox's order is the twin's.
+//!
+//! The acks of one frame are of one holder's messages: the holder's dict of leases is
+//! looked up once for a run of its acks, and its `outstanding` written once at the
+//! run's end (the count the twin leaves, one integer instead of one an ack).
 use pyo3::exceptions::PyKeyError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -87,6 +91,15 @@ struct Sink<'py> {
     run: Option<Bound<'py, EventRun>>,
     topics: TopicText<'py>,
     json: Vec<u8>,
+    holder: Option<Holder<'py>>,
+}
+
+/// The holder of the last messages acked: its dict of leases and how many of its
+/// leases the run acked (not yet taken off its `outstanding`).
+struct Holder<'py> {
+    subscription: Bound<'py, PyAny>,
+    leases: Bound<'py, PyDict>,
+    acked: usize,
 }
 
 #[pymethods]
@@ -141,6 +154,7 @@ impl AckApplier {
             run: None,
             topics: TopicText::new(true),
             json: Vec::with_capacity(64),
+            holder: None,
         };
         if let Ok(last) = parts.events.get_item(parts.events.len().wrapping_sub(1)) {
             sink.run = last.cast_into::<EventRun>().ok();
@@ -160,6 +174,7 @@ impl AckApplier {
                 Err(error) => break Err(error),
             }
         };
+        self.release(&mut sink)?;
         if acked > 0 {
             let active = state.getattr(intern!(py, "_active"))?.sub(acked)?;
             state.setattr(intern!(py, "_active"), active)?;
@@ -204,24 +219,31 @@ impl AckApplier {
         if !status.is(self.leased.bind(py)) {
             return Ok(false);
         }
-        let Some([holder_session, outstanding]) = self.subscription.read(&holder) else {
+        let Some([holder_session, _]) = self.subscription.read(&holder) else {
             return Ok(false);
         };
         if !parts.permissive && !holder_session.is(session) && !holder_session.eq(session)? {
             return Ok(false);
         }
-        let Some(holder_leases) = parts.leased_by.get_item(&holder)? else {
-            return Ok(false);
+        let held = match &mut sink.holder {
+            Some(held) if held.subscription.is(&holder) => held,
+            _ => {
+                let Some(leases) = parts.leased_by.get_item(&holder)? else {
+                    return Ok(false);
+                };
+                let leases = leases.cast_into::<PyDict>()?;
+                self.release(sink)?;
+                sink.holder.insert(Holder {
+                    subscription: holder,
+                    leases,
+                    acked: 0,
+                })
+            }
         };
-        let holder_leases = holder_leases.cast_into::<PyDict>()?;
-        // _unlease
-        let outstanding = outstanding.sub(1)?;
+        // _unlease (the holder's outstanding: `release`)
+        held.acked += 1;
+        forget(py, held.leases.del_item(&id))?;
         // SAFETY: the layouts were located on the classes `read` checked these are.
-        unsafe {
-            replace(&holder, self.subscription.at[1], &outstanding);
-        }
-        forget(py, holder_leases.del_item(&id))?;
-        // SAFETY: as above.
         unsafe {
             replace(&entry, self.entry.at[2], &py.None().into_bound(py));
         }
@@ -235,6 +257,20 @@ impl AckApplier {
         parts.dirty.set_item(&id, &entry)?;
         self.record(parts, sink, &id)?;
         Ok(true)
+    }
+
+    /// The last holder's `outstanding` less the leases its run acked.
+    fn release(&self, sink: &mut Sink) -> PyResult<()> {
+        let Some(held) = sink.holder.take() else {
+            return Ok(());
+        };
+        let Some([_, outstanding]) = self.subscription.read(&held.subscription) else {
+            return Ok(());
+        };
+        let outstanding = outstanding.sub(held.acked)?;
+        // SAFETY: `read` checked the class whose layout was located.
+        unsafe { replace(&held.subscription, self.subscription.at[1], &outstanding) };
+        Ok(())
     }
 
     /// The remove event of an ack of `id`: into the run at the outbox's end (a new one

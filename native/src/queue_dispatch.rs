@@ -12,6 +12,11 @@
 //! must go on: a message out of arrival order waiting in the ready queue's heap, or one
 //! of another class; the caller's loop (`dispatch`) continues from there with the same
 //! open subscriptions and the same clock reading.
+//!
+//! What a call can do once it does once (the same values the twin writes a message): the
+//! lease's end is one integer for the call's messages, a subscription's dict of leases is
+//! looked up at its first delivery, and its `outstanding` is counted here and written to
+//! its slot when it fills or the call ends.
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyType};
@@ -33,12 +38,13 @@ struct Dispatcher {
 /// What a call reads from the state once.
 struct Parts<'py> {
     in_order: Bound<'py, PyAny>,
+    popleft: Bound<'py, PyAny>,
     others: Bound<'py, PyList>,
     leased_by: Bound<'py, PyDict>,
     leases: Bound<'py, PyAny>,
     deliveries: Bound<'py, PyList>,
-    lease_ms: i64,
-    now: i64,
+    /// `now + lease_ms`: every lease of the call ends then.
+    until: Bound<'py, PyAny>,
     fast: bool,
 }
 
@@ -47,6 +53,23 @@ struct Open<'py> {
     subscription: Bound<'py, PyAny>,
     outstanding: i64,
     max_backlog: i64,
+    /// `outstanding` as the subscription's slot holds it.
+    written: i64,
+    /// Its dict in the state's `_leased`, once looked up.
+    leases: Option<Bound<'py, PyAny>>,
+}
+
+impl Open<'_> {
+    /// The subscription's slot `at` (its `outstanding`) set to the count, if it moved.
+    fn write(&mut self, at: isize) -> PyResult<()> {
+        if self.outstanding != self.written {
+            let outstanding = self.outstanding.into_pyobject(self.subscription.py())?;
+            // SAFETY: `open` read the slot `at` on the class whose layout was located.
+            unsafe { replace(&self.subscription, at, outstanding.as_any()) };
+            self.written = self.outstanding;
+        }
+        Ok(())
+    }
 }
 
 #[pymethods]
@@ -90,6 +113,24 @@ impl Dispatcher {
         let Some(parts) = self.parts(state, now)? else {
             return Ok(());
         };
+        let outcome = self.lease(&parts, &mut open, open_subs);
+        for left in &mut open {
+            left.write(self.subscription.at[0])?;
+        }
+        outcome
+    }
+}
+
+impl Dispatcher {
+    /// The loop of `run`: leases messages until it must stop. A subscription that
+    /// fills has its count written as it leaves `open`; the caller writes the others'.
+    fn lease<'py>(
+        &self,
+        parts: &Parts<'py>,
+        open: &mut Vec<Open<'py>>,
+        open_subs: &Bound<'py, PyList>,
+    ) -> PyResult<()> {
+        let available = self.available.bind(open_subs.py());
         while !open.is_empty() && parts.others.is_empty() && parts.in_order.len()? > 0 {
             let entry = parts.in_order.get_item(0)?;
             let Some([id, status, _, deliveries, _]) = self.entry.read(&entry) else {
@@ -98,25 +139,22 @@ impl Dispatcher {
             if !deliveries.is_exact_instance_of::<PyInt>() {
                 break;
             }
-            parts
-                .in_order
-                .call_method0(intern!(state.py(), "popleft"))?;
-            if !status.is(self.available.bind(state.py())) {
+            parts.popleft.call0()?;
+            if !status.is(available) {
                 continue; // removed while it waited to be delivered
             }
-            let chosen = if parts.fast { 0 } else { most_room(&open) };
-            self.deliver(&parts, &entry, &id, &deliveries, &mut open[chosen])?;
+            let chosen = if parts.fast { 0 } else { most_room(open) };
+            self.deliver(parts, &entry, &id, &deliveries, &mut open[chosen])?;
             if open[chosen].outstanding >= open[chosen].max_backlog {
-                let full = open.remove(chosen);
+                let mut full = open.remove(chosen);
+                full.write(self.subscription.at[0])?;
                 let at = open_subs.index(&full.subscription)?;
                 open_subs.del_item(at)?;
             }
         }
         Ok(())
     }
-}
 
-impl Dispatcher {
     /// The open subscriptions' counts, or None when one is of another class or its
     /// counts are not exact integers of 64 bits.
     fn open<'py>(&self, open_subs: &Bound<'py, PyList>) -> Option<Vec<Open<'py>>> {
@@ -128,9 +166,12 @@ impl Dispatcher {
             {
                 return None;
             }
+            let outstanding = outstanding.extract().ok()?;
             open.push(Open {
-                outstanding: outstanding.extract().ok()?,
+                outstanding,
+                written: outstanding,
                 max_backlog: max_backlog.extract().ok()?,
+                leases: None,
                 subscription,
             });
         }
@@ -157,11 +198,12 @@ impl Dispatcher {
         ) else {
             return Ok(None);
         };
-        if now.checked_add(lease_ms).is_none() {
+        let Some(until) = now.checked_add(lease_ms) else {
             return Ok(None);
-        }
+        };
         let fairness = policy.getattr(intern!(py, "fairness"))?;
         Ok(Some(Parts {
+            popleft: in_order.getattr(intern!(py, "popleft"))?,
             in_order,
             others: others.cast_into()?,
             leased_by: state.getattr(intern!(py, "_leased"))?.cast_into()?,
@@ -170,40 +212,40 @@ impl Dispatcher {
                 .getattr(intern!(py, "outbox"))?
                 .getattr(intern!(py, "deliveries"))?
                 .cast_into()?,
-            lease_ms,
-            now,
+            until: until.into_pyobject(py)?.into_any(),
             fast: fairness.eq("fast")?,
         }))
     }
 
-    /// `_deliver` when the queue records no delivery: the message leased to `open`.
-    fn deliver(
+    /// `_deliver` when the queue records no delivery: the message leased to `open`
+    /// (its `outstanding` counted, written by the caller).
+    fn deliver<'py>(
         &self,
-        parts: &Parts,
-        entry: &Bound<PyAny>,
-        id: &Bound<PyAny>,
-        deliveries: &Bound<PyAny>,
-        open: &mut Open,
+        parts: &Parts<'py>,
+        entry: &Bound<'py, PyAny>,
+        id: &Bound<'py, PyAny>,
+        deliveries: &Bound<'py, PyAny>,
+        open: &mut Open<'py>,
     ) -> PyResult<()> {
         let py = entry.py();
-        let subscription = &open.subscription;
-        let until = (parts.now + parts.lease_ms).into_pyobject(py)?.into_any();
+        let until = &parts.until;
         let deliveries = deliveries.add(1)?;
         open.outstanding += 1;
-        let outstanding = open.outstanding.into_pyobject(py)?.into_any();
+        let subscription = &open.subscription;
         // SAFETY: the layouts were located on the classes `read` checked these are.
         unsafe {
             replace(entry, self.entry.at[3], &deliveries);
             replace(entry, self.entry.at[2], subscription);
-            replace(subscription, self.subscription.at[0], &outstanding);
         }
-        parts
-            .leased_by
-            .as_any()
-            .get_item(subscription)?
-            .set_item(id, entry)?;
+        let leases = match &open.leases {
+            Some(leases) => leases,
+            None => open
+                .leases
+                .insert(parts.leased_by.as_any().get_item(subscription)?),
+        };
+        leases.set_item(id, entry)?;
         // SAFETY: as above.
-        unsafe { replace(entry, self.entry.at[4], &until) };
+        unsafe { replace(entry, self.entry.at[4], until) };
         parts.leases.set_item(id, entry)?;
         // SAFETY: as above.
         unsafe { replace(entry, self.entry.at[1], self.leased.bind(py)) };
@@ -212,7 +254,7 @@ impl Dispatcher {
         unsafe {
             put(&delivery, self.delivery.at[0], subscription);
             put(&delivery, self.delivery.at[1], entry);
-            put(&delivery, self.delivery.at[2], &until);
+            put(&delivery, self.delivery.at[2], until);
         }
         parts.deliveries.append(delivery)
     }
