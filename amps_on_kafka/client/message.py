@@ -157,6 +157,18 @@ def _compiled_batches() -> Callable[[list[Any], bytes, tuple[Any, ...]], Batch] 
 
 batch_messages = _compiled_batches()
 
+if core is not None:  # the same getter without a Python frame (native/src/records.rs)
+    GatewayMessage.data = core.LazyData(  # type: ignore[method-assign]
+        GatewayMessage,
+        "_data",
+        "payload",
+        None,
+        _UNSET,
+        None,
+        orjson.loads,
+        vars(GatewayMessage)["data"].fget,
+    )
+
 
 class DeleteAck(Message):
     """What `sow_delete` returns on every transport: an ack (command "ack", status

@@ -13,12 +13,12 @@ import itertools
 import logging
 import queue
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from typing import Any
 
 from amps_on_kafka.client.acks import AckBatcher
-from amps_on_kafka.client.message import GatewayMessage, batch_messages
+from amps_on_kafka.client.message import Batch, GatewayMessage, batch_messages
 from amps_on_kafka.client.stream import TICK_INTERVAL
 from amps_on_kafka.client.tcp_outbox import Outbox
 from amps_on_kafka.client.tcp_reader import SocketReader, read_in_slices
@@ -292,13 +292,30 @@ def _records(
     """A batch frame's messages: `recs` describes each record, payloads follow in order;
     `acks` where they can be acked (a queue's burst). The compiled builder
     (message.batch_messages) makes them where it is sure of the entries; from the first
-    it is not, this loop (its twin) goes on."""
+    it is not, the twin's loop goes on. The two are chained in C, not yielded from a
+    generator here: a generator frame less a message for whoever iterates them."""
     header, payload = frame.header, frame.payload
     topic, sub_id = header.get("t"), header.get("sub_id")
-    recs, offset = header.get("recs", ()), 0
-    if batch_messages is not None and type(recs) is list and type(payload) is bytes:
-        built = batch_messages(recs, payload, (command, topic, sub_id, acks))
-        yield from built
+    recs = header.get("recs", ())
+    if batch_messages is None or type(recs) is not list or type(payload) is not bytes:
+        return _records_from(command, topic, sub_id, recs, payload, acks)
+    built = batch_messages(recs, payload, (command, topic, sub_id, acks))
+    return itertools.chain(built, _records_from(command, topic, sub_id, recs, payload, acks, built))
+
+
+def _records_from(
+    command: str,
+    topic: str | None,
+    sub_id: str | None,
+    recs: Iterable[Any],
+    payload: bytes,
+    acks: AckBatcher | None,
+    built: Batch | None = None,
+) -> Iterator[GatewayMessage]:
+    """The twin's loop over `recs`; after `built`, from where that stopped (read when the
+    loop starts: `built` is exhausted by then)."""
+    offset = 0
+    if built is not None:
         recs, offset = itertools.islice(recs, built.read, None), built.offset
     for meta in recs:
         end = offset + meta["n"]

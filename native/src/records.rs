@@ -315,13 +315,15 @@ impl Built {
 /// is a Python frame (about 0.1 us a message); this descriptor decodes JSON with the
 /// codec's own function (orjson's `loads`) and keeps the result in the message's slot
 /// without one. Anything else (another codec, no payload, a payload that does not
-/// decode, a slot not set) goes to the Python getter it stands for, which decides.
+/// decode, a slot not set) goes to the Python getter it stands for, which decides. A
+/// class whose payloads are all JSON (the tcp:// client's `GatewayMessage`) names no
+/// codec slot.
 #[pyclass(frozen, module = "amps_on_kafka_native")]
 struct LazyData {
     cls: Py<PyType>,
     data_at: isize,
     raw_at: isize,
-    codec_at: isize,
+    codec_at: Option<isize>,
     unset: Py<PyAny>,
     json: Py<PyAny>,
     loads: Py<PyAny>,
@@ -336,15 +338,16 @@ struct LazyData {
 #[pymethods]
 impl LazyData {
     /// `cls` (LogMessage), its slots that hold the decoded payload, the payload and the
-    /// codec, the marker of a payload not decoded yet, the JSON codec, the function
-    /// that decodes it, and the Python getter that does all of it.
+    /// codec (None: every payload is JSON), the marker of a payload not decoded yet,
+    /// the JSON codec, the function that decodes it, and the Python getter that does
+    /// all of it.
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
         cls: &Bound<PyType>,
         data_slot: &str,
         raw_slot: &str,
-        codec_slot: &str,
+        codec_slot: Option<&str>,
         unset: Py<PyAny>,
         json: Py<PyAny>,
         loads: Py<PyAny>,
@@ -356,7 +359,7 @@ impl LazyData {
             cls: cls.clone().unbind(),
             data_at: locate(cls, data_slot)?,
             raw_at: locate(cls, raw_slot)?,
-            codec_at: locate(cls, codec_slot)?,
+            codec_at: codec_slot.map(|slot| locate(cls, slot)).transpose()?,
             unset,
             json,
             loads,
@@ -389,7 +392,8 @@ impl LazyData {
             (
                 read(message, this.data_at),
                 read(message, this.raw_at),
-                read(message, this.codec_at),
+                this.codec_at
+                    .map_or(this.json.as_ptr(), |at| read(message, at)),
             )
         };
         if !data.is_null() && data != this.unset.as_ptr() {

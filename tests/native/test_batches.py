@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -108,3 +109,36 @@ def test_a_builder_refuses_a_slot_named_twice_and_a_wrong_frame() -> None:
     builder = core.BatchBuilder(GatewayMessage, "meta", "payload", ["topic"], [])  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="a value for each frame slot"):
         builder.build([], b"", ())
+
+
+def outcome(read: Any) -> tuple[str, object]:
+    """What reading gives: ("value", v) or ("error", type and text)."""
+    try:
+        return ("value", read())
+    except Exception as exc:  # every error, whatever its type, must match
+        return ("error", (type(exc), str(exc)))
+
+
+def test_a_gateway_messages_data_is_read_by_the_compiled_descriptor() -> None:
+    assert type(GatewayMessage.__dict__["data"]).__name__ == "LazyData"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.binary(max_size=20)
+    | st.builds(
+        orjson.dumps,
+        st.recursive(st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(), st.lists),
+    )
+    | st.sampled_from([b"", b"{", b'{"a": 1}', b"\xff", "text", 7]),
+    st.booleans(),
+)
+def test_data_reads_as_the_python_getter_reads(payload: Any, decoded_before: bool) -> None:
+    """`GatewayMessage.data` compiled (records.rs's LazyData, with no codec slot) against
+    the property's getter: the same value or error, and the same decoded payload kept."""
+    getter = GatewayMessage.__dict__["data"].getter
+    ours, twin = (GatewayMessage("publish", "q", {}, payload) for _ in range(2))
+    if decoded_before:
+        outcome(lambda: getter(ours)), outcome(lambda: getter(twin))
+    assert outcome(lambda: ours.data) == outcome(lambda: getter(twin))
+    assert outcome(lambda: ours._data) == outcome(lambda: twin._data)
