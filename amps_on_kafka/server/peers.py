@@ -189,7 +189,13 @@ class PeerLink:
         return link
 
     def send(self, header: dict[str, Any]) -> None:
-        self.writer.write(encode_frame(header))
+        """Queue `header`; PartitionsMoving if the connection is gone: uvloop raises
+        RuntimeError for a write on a transport a reset closed, which from a client's
+        command closed that client's connection (a gateway's bug, not a peer's death)."""
+        try:
+            self.writer.write(encode_frame(header))
+        except RuntimeError as exc:
+            raise _unreachable(self.address, "connection closed") from exc
 
     async def receive(self, timeout: float | None) -> Frame:
         """The next frame; PartitionsMoving if the peer is gone or silent `timeout` s."""

@@ -342,7 +342,14 @@ class Session:
         if queued and queued + len(frames) > limit:
             self.cut_slow_consumer(f"more than MaxQueuedBytes ({limit:,}) queued unsent")
             return
-        self.writer.write(frames)
+        try:
+            self.writer.write(frames)
+        except RuntimeError:
+            # uvloop's transport was closed under the session (the client reset the
+            # connection) before the read loop saw it: a write then raises. Raised, it
+            # ended the fan-out's job, and the other subscribers lost that job's frames.
+            self.close()
+            return
         traffic = self.traffic
         traffic.frames_out += count_frames(frames) if count is None else count
         traffic.bytes_out += len(frames)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import threading
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ import uvloop
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.config.model import GatewayConfig
+from amps_on_kafka.errors import PartitionsMoving
 from amps_on_kafka.processor.engine import SowEngine
 from amps_on_kafka.processor.worker import now_ms
 from amps_on_kafka.protocol.frames import encode_frame
@@ -23,6 +25,8 @@ from amps_on_kafka.server.gateway import (
     Gateway,
     new_loop,
 )
+from amps_on_kafka.server.peers import PeerLink
+from amps_on_kafka.server.session import Session
 from tests.server.helpers import Wire
 from tests.server.test_bounds import on_loop
 
@@ -125,3 +129,72 @@ def test_a_client_socket_gets_tcp_keepalive_on_either_loop(
         ]
         for level, option, value in options:
             assert sock.getsockopt(level, option) == value
+
+
+def test_writes_to_a_connection_reset_under_the_session_close_it_and_raise_nothing(
+    bootstrap: str, monkeypatch: pytest.MonkeyPatch, wire_to: Callable[[str], Wire]
+) -> None:
+    """uvloop closes a transport whose write found the connection reset, and raises
+    RuntimeError for each write after, until the session's read loop has seen the reset
+    and closed the session. Raised from Session.send_encoded, that ended the writer's task:
+    the fan-out's job, whose other subscribers lost their frames of it. Here each of
+    CLIENTS reset connections is written to once a turn of the loop until its session is
+    closed, as the fan-out writes; without the fix one raised in every run tried."""
+    monkeypatch.setenv("AMPS_UVLOOP", "1")
+    engine = SowEngine(Config(), {}, now_ms)
+    frame = encode_frame({"c": "publish", "t": "t", "sub_id": "1"}, b"{}")
+
+    async def write_until_closed(session: Session) -> int:
+        writes = 0
+        while not session.closed and writes < 1000:
+            session.send_encoded(frame, 1)
+            writes += 1
+            await asyncio.sleep(0)
+        return writes
+
+    with Gateway(engine, bootstrap, listen="127.0.0.1:0") as gateway:
+        for _ in range(CLIENTS):
+            wire = wire_to(gateway.address)  # type: ignore[arg-type]
+            assert wire.logon().header["status"] == "success"
+            (session,) = on_loop(gateway, gateway.sessions)  # type: ignore[misc]
+            wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            wire.sock.close()  # a reset, not an orderly close
+            future = asyncio.run_coroutine_threadsafe(write_until_closed(session), gateway.loop)
+            assert future.result(10) < 1000
+            assert on_loop(gateway, gateway.sessions) == []
+
+
+CLIENTS = 20
+
+
+def test_a_peer_link_reset_under_it_fails_its_send_with_retry() -> None:
+    """A forwarded command's write to a peer whose connection was reset raised uvloop's
+    RuntimeError, which from a client's command (a spread subscription's legs, a
+    forwarded sow) closed that client's connection; it is PartitionsMoving, as a peer
+    that went away is (retry:)."""
+
+    async def run() -> None:
+        async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+
+        peer = await asyncio.start_server(reset, "127.0.0.1", 0)
+        address = f"127.0.0.1:{peer.sockets[0].getsockname()[1]}"
+        reader, writer = await asyncio.open_connection(*address.split(":"))
+        writer.transport.pause_reading()  # the reset is found by the writes, not a read
+        link = PeerLink(address, reader, writer)
+        await asyncio.wait_for(peer_closed(link), 10)
+        with pytest.raises(PartitionsMoving, match=r"^retry: partitions moving"):
+            for _ in range(3):
+                link.send({"c": "sow", "cid": "1", "t": "t"})
+        link.close()
+        peer.close()
+
+    async def peer_closed(link: PeerLink) -> None:
+        """Until a write finds the reset (uvloop then closes the transport)."""
+        while not link.writer.is_closing():
+            link.send({"c": "heartbeat", "cid": "probe"})
+            await asyncio.sleep(0.01)
+
+    uvloop.run(run())
