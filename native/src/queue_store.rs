@@ -67,6 +67,10 @@ struct EntryWriter {
     cls: Py<PyType>,
     at: [isize; 13],
     gone: Py<PyTuple>,
+    /// The enum class every status in `gone` is a member of, if one is: a status of that
+    /// class is gone exactly when it is one of them (a member is the one object of its
+    /// value), without a comparison.
+    gone_enum: Option<Py<PyType>>,
     twin: Py<PyAny>,
     shortest_range: usize,
 }
@@ -92,10 +96,24 @@ impl EntryWriter {
         for (place, name) in at.iter_mut().zip(SLOTS) {
             *place = locate(cls, name)?;
         }
+        let py = cls.py();
+        let enum_class = py
+            .import(intern!(py, "enum"))?
+            .getattr(intern!(py, "Enum"))?;
+        let members = gone.bind(py);
+        let gone_enum = match members.iter().next() {
+            Some(first) => {
+                let class = first.get_type();
+                let shared = members.iter().all(|member| member.get_type().is(&class));
+                (shared && class.is_subclass(&enum_class)?).then(|| class.unbind())
+            }
+            None => None,
+        };
         Ok(Self {
             cls: cls.clone().unbind(),
             at,
             gone,
+            gone_enum,
             twin,
             shortest_range,
         })
@@ -127,7 +145,7 @@ impl EntryWriter {
                 continue;
             };
             let stored = fields.get(STORED).is_truthy()?;
-            if gone.contains(fields.get(STATUS))? {
+            if self.is_gone(gone, fields.get(STATUS))? {
                 if stored {
                     removed.push(seq);
                 } else if let Some(runs) = runs {
@@ -169,23 +187,34 @@ impl EntryWriter {
 }
 
 impl EntryWriter {
-    /// The entry's slots, if it is a QueueEntry (exactly) with all of them set.
+    /// The entry's slots, if it is a QueueEntry (exactly) with all of them set (read
+    /// into an array: a vector's allocation and free were a tenth of the walk).
     fn fields<'py>(&self, entry: &Bound<'py, PyAny>) -> Option<Fields<'py>> {
         let py = entry.py();
         if !entry.get_type().is(self.cls.bind(py)) {
             return None;
         }
-        let mut values = Vec::with_capacity(13);
-        for &at in &self.at {
+        let values: [Option<Bound<'py, PyAny>>; 13] = std::array::from_fn(|slot| {
             // SAFETY: `entry` is an instance of the class whose slots were located.
-            let value = unsafe { read(entry, at) };
-            if value.is_null() {
-                return None;
-            }
-            // SAFETY: a live object the slot holds a reference to.
-            values.push(unsafe { Bound::from_borrowed_ptr(py, value) });
+            let value = unsafe { read(entry, self.at[slot]) };
+            // SAFETY: a live object the slot holds a reference to, when set.
+            (!value.is_null()).then(|| unsafe { Bound::from_borrowed_ptr(py, value) })
+        });
+        if values.iter().any(Option::is_none) {
+            return None;
         }
-        values.try_into().ok().map(Fields)
+        Some(Fields(values.map(Option::unwrap)))
+    }
+
+    /// Whether `status` is one of `gone`: by identity for a member of their enum, else
+    /// as the tuple's `in` compares.
+    fn is_gone(&self, gone: &Bound<PyTuple>, status: &Bound<PyAny>) -> PyResult<bool> {
+        match &self.gone_enum {
+            Some(class) if status.get_type().is(class.bind(status.py())) => {
+                Ok(gone.iter().any(|member| member.is(status)))
+            }
+            _ => gone.contains(status),
+        }
     }
 }
 
