@@ -13,6 +13,8 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amps_on_kafka.config import Config
 from amps_on_kafka.errors import TransportError
@@ -23,11 +25,12 @@ from amps_on_kafka.processor.queue_recovery import GROUP_PREFIX
 from amps_on_kafka.processor.queue_runtime import events_topic
 from amps_on_kafka.processor.queues import QueueEngine, messages_of
 from amps_on_kafka.state.queue_store import encode_events
-from amps_on_kafka.state.queue_types import EventKind
+from amps_on_kafka.state.queue_types import Delivery, EventKind, Subscription
 from tests.conftest import create_topic, delete_topics
 from tests.queues.conftest import Inbox
 from tests.queues.crash_child import crashing
 from tests.queues.helpers import FakeClock, event_records, eventually
+from tests.queues.helpers import message as entry_of
 
 
 def publish(publisher, queue: str, numbers, **extra) -> None:
@@ -483,3 +486,39 @@ def test_a_topic_created_later_that_underlying_topic_matches_joins_the_queue(
         assert sorted(m.data["n"] for m in engine.browse(queue)) == [1, 2]
     finally:
         delete_topics(bootstrap, [later, events_topic(queue)])
+
+
+def test_send_hands_each_burst_subscription_its_deliveries_in_one_call(tmp_path):
+    """QueueEngine.send, whatever the interleaving of a call's deliveries: a one-at-a-time
+    subscription gets a message a delivery, in order, first; then each burst subscription
+    its deliveries of the call in one call, in order, in the order they first appear (the
+    contract a faster grouping of the deliveries must keep)."""
+    engine = QueueEngine(Config(), "unused:9", tmp_path, clock=lambda: 1_000_000)
+    calls: list[tuple] = []
+
+    def burst(queue, deliveries, now):
+        calls.append(("burst", queue, [d.entry.id for d in deliveries], now))
+
+    def single(message):
+        calls.append(("single", message.sub_id, message.id, message.lease_ms))
+
+    subs = [
+        Subscription(f"s{i}", i, deliver=burst if i < 2 else single, burst=i < 2) for i in range(4)
+    ]
+
+    @settings(max_examples=100, deadline=None)
+    @given(picks=st.lists(st.integers(0, 3), max_size=40))
+    def check(picks):
+        deliveries = [Delivery(subs[i], entry_of(at), 1_000_100) for at, i in enumerate(picks)]
+        calls.clear()
+        engine.send("Q", deliveries)
+        bursts: dict[Subscription, list] = {}
+        for d in deliveries:
+            if d.subscription.burst:
+                bursts.setdefault(d.subscription, []).append(d.entry.id)
+        singles = [d for d in deliveries if not d.subscription.burst]
+        expected = [("single", d.subscription.sub_id, d.entry.id, 100) for d in singles]
+        expected += [("burst", "Q", ids, 1_000_000) for ids in bursts.values()]
+        assert calls == expected
+
+    check()
