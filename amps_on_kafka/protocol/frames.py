@@ -141,13 +141,12 @@ class FrameDecoder:
         self.broken = False
         self._decode: Decode = self._publish_or_frame if publishes else self._frame
         self._split: Split = split_frames
-        if core is not None:  # the compiled split: frames made without a Python frame of
-            # the twin's each (client_frames; the gateway's split_frames reads its plain
-            # publishes without a dict, and makes a frame that is no publish as a client's)
-            self._split = functools.partial(
-                core.split_frames if publishes else core.client_frames,
-                loads=orjson.loads,
-                frame=Frame,
+        if core is not None:  # the compiled split: a client's frames made without a Python
+            # frame each (client_frames), the gateway's plain publishes read without a dict
+            self._split = (
+                core.split_frames
+                if publishes
+                else functools.partial(core.client_frames, loads=orjson.loads, frame=Frame)
             )
         self._buffer = bytearray()
         self._pos = 0

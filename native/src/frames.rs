@@ -178,50 +178,14 @@ fn whole_frame(data: &[u8], pos: usize, limit: usize) -> Option<(usize, usize, u
     Some((pos + 8, header_length, end))
 }
 
-/// A frame whose header is no publish at all, made `frame(header, payload)` here with the
-/// header `loads` (orjson's) gives: the twin's `_publish_or_frame` would make the same
-/// Frame, and its `plain_publish` give None. None, for the twin to decide, when the
-/// header's text holds `"publish"` anywhere (a publish that is not plain: `decode` reads
-/// it once, as before), `loads` refuses it, it is not an object, or its `c` is
-/// "publish" all the same (spelt with an escape).
-fn other_frame<'py>(
-    header: &[u8],
-    payload: &[u8],
-    loads: &Bound<'py, PyAny>,
-    frame: &Bound<'py, PyAny>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    if header.windows(9).any(|word| word == b"\"publish\"") {
-        return Ok(None);
-    }
-    let py = loads.py();
-    let payload = PyBytes::new(py, payload);
-    let Ok(parsed) = loads.call1((PyBytes::new(py, header),)) else {
-        return Ok(None);
-    };
-    let Ok(parsed) = parsed.cast_into::<PyDict>() else {
-        return Ok(None);
-    };
-    if let Some(command) = parsed.get_item("c")? {
-        if command.eq("publish")? {
-            return Ok(None); // spelt with an escape
-        }
-    }
-    frame.call1((parsed, payload)).map(Some)
-}
-
-/// `split_frames(buffer, pos, limit, decode, loads=None, frame=None)`: the twin's events
-/// for the whole frames within `limit` from `pos` on, and the position after them. With
-/// `loads` and `frame`, a frame that is no publish is made here (`other_frame`), with no
-/// Python frame of the twin's: a look-up's or a heartbeat's way through the gateway.
+/// `split_frames(buffer, pos, limit, decode)`: the twin's events for the whole frames
+/// within `limit` from `pos` on, and the position after them.
 #[pyfunction]
-#[pyo3(signature = (buffer, pos, limit, decode, loads=None, frame=None))]
 fn split_frames<'py>(
     buffer: &Bound<'py, PyByteArray>,
     mut pos: usize,
     limit: usize,
     decode: &Bound<'py, PyAny>,
-    loads: Option<&Bound<'py, PyAny>>,
-    frame: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyList>, usize)> {
     let py = buffer.py();
     let events = PyList::empty(py);
@@ -247,21 +211,7 @@ fn split_frames<'py>(
                 };
                 events.append((name, publish.sequence, payload))?;
             }
-            None => {
-                let made = match (loads, frame) {
-                    (Some(loads), Some(frame)) => other_frame(
-                        &data[start..start + header_length],
-                        &data[start + header_length..end],
-                        loads,
-                        frame,
-                    )?,
-                    _ => None,
-                };
-                match made {
-                    Some(made) => events.append(made)?,
-                    None => events.append(decode.call1((start, header_length, end))?)?,
-                }
-            }
+            None => events.append(decode.call1((start, header_length, end))?)?,
         }
         pos = end;
     }

@@ -182,32 +182,6 @@ def test_the_core_reads_plain_publishes_without_the_twin():
     assert core.split_frames(stream, 0, LIMIT, twin) == ([("é", 2**64 - 1, b"{}")], len(stream))
 
 
-def test_the_core_makes_a_frame_that_is_no_publish_without_the_twin():
-    """With `loads` and `frame` (the gateway's decoder), a look-up or a heartbeat is made
-    a Frame by the core; a publish that is not plain, even one whose `c` is spelt with an
-    escape, and a header orjson refuses go to the twin, as before."""
-    made = [{"c": "sow", "cid": "1", "t": "t", "f": "/id = 3"}, {"c": "heartbeat"}]
-    stream = bytearray(b"".join(frames.encode_frame(header) for header in made))
-
-    def twin(*_frame: int) -> Event:
-        raise AssertionError("a frame that is no publish was handed to the twin")
-
-    events, end = core.split_frames(stream, 0, LIMIT, twin, loads=orjson.loads, frame=Frame)
-    assert events == [Frame(header, b"") for header in made] and end == len(stream)
-    for header in (
-        b'{"c":"\\u0070ublish","t":"t","s":18446744073709551616}',  # `c` escaped: the twin decides
-        b'{"c":"publish","t":"t","a":"processed"}',
-        b"[1]",
-        b"{",
-    ):
-        stream = bytearray(frames.frame_of(header, b"{}"))
-        handed: list[tuple[int, int, int]] = []
-        core.split_frames(
-            stream, 0, LIMIT, lambda *f, to=handed: to.append(f), loads=orjson.loads, frame=Frame
-        )
-        assert handed == [(8, len(header), len(stream))], header
-
-
 # -- a plain publish's SOW key, read from its payload (publish_key) ----------------------
 PAYLOADS = [
     b'{"id": 1e400}',
