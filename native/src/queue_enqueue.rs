@@ -45,7 +45,6 @@ struct Parts<'py> {
     partitions: Bound<'py, PyDict>,
     dirty: Bound<'py, PyDict>,
     in_order: Bound<'py, PyAny>,
-    in_order_append: Bound<'py, PyAny>,
     others: Bound<'py, PyList>,
     ev_next: Bound<'py, PyAny>,
 }
@@ -60,10 +59,12 @@ struct Id<'py> {
 }
 
 /// The partition of the messages a call is admitting, kept from one message to the next
-/// (a batch is mostly runs of one partition's): its position, moved here and written to
-/// `positions` once the call ends or reaches another partition (`Enqueuer::settle`),
-/// and its arrivals' `append`. Per message the twin hashes its (topic, partition) three
-/// times and makes the next position's int.
+/// (a batch is mostly runs of one partition's): its position, moved here, and its new
+/// arrivals, written to `positions` and added to its deque once the call ends or reaches
+/// another partition (`Enqueuer::settle`). Per message the twin hashes its (topic,
+/// partition) three times, makes the next position's int and appends to the deque (a
+/// call that makes a tuple of its argument here: no vectorcall in Python 3.11's
+/// limited API).
 struct Current<'py> {
     topic: Bound<'py, PyString>,
     partition: i64,
@@ -71,8 +72,20 @@ struct Current<'py> {
     /// The next offset to read, None while `positions` has none (the twin reads 0).
     position: Option<i64>,
     moved: bool,
-    /// The partition's arrivals' `append`, once it has arrivals.
-    append: Option<Bound<'py, PyAny>>,
+    /// The partition's arrivals (a deque), once it has some.
+    order: Option<Bound<'py, PyAny>>,
+    /// Offsets arrived since, to add to `order`.
+    arrived: Vec<Bound<'py, PyAny>>,
+}
+
+/// What a call has changed but not yet written to the state's structures: its
+/// partition's, and the messages made available in arrival order, to add to the ready
+/// queue's deque (with the rank and seq of the last, which the next one is placed by).
+#[derive(Default)]
+struct Unwritten<'py> {
+    current: Option<Current<'py>>,
+    available: Vec<Bound<'py, PyAny>>,
+    last: (i64, i64),
 }
 
 impl Current<'_> {
@@ -123,12 +136,12 @@ impl Enqueuer {
         let mut seq: i64 = state.getattr(intern!(py, "next_seq"))?.extract()?;
         let first = seq;
         let mut at = start;
-        let mut current = None;
+        let mut unwritten = Unwritten::default();
         let outcome = loop {
             if at >= read.len() {
                 break Ok(());
             }
-            match self.enqueue(&parts, &mut current, &read.get_item(at)?, seq) {
+            match self.enqueue(&parts, &mut unwritten, &read.get_item(at)?, seq) {
                 Ok(Some(admitted)) => {
                     seq += i64::from(admitted);
                     at += 1;
@@ -137,7 +150,16 @@ impl Enqueuer {
                 Err(error) => break Err(error),
             }
         };
-        let settled = Self::settle(&parts, current);
+        let settled = Self::settle(&parts, unwritten.current.take()).and_then(|()| {
+            if unwritten.available.is_empty() {
+                return Ok(());
+            }
+            let available = PyList::new(py, unwritten.available)?;
+            parts
+                .in_order
+                .call_method1(intern!(py, "extend"), (available,))
+                .map(drop)
+        });
         if seq > first {
             state.setattr(intern!(py, "next_seq"), seq)?;
             let active = state.getattr(intern!(py, "_active"))?.add(seq - first)?;
@@ -159,22 +181,27 @@ impl Enqueuer {
             entries: state.getattr(intern!(py, "entries"))?.cast_into()?,
             partitions: state.getattr(intern!(py, "_partitions"))?.cast_into()?,
             dirty: state.getattr(intern!(py, "dirty"))?.cast_into()?,
-            in_order_append: in_order.getattr(intern!(py, "append"))?,
             in_order,
             others: others.cast_into()?,
             ev_next: state.getattr(intern!(py, "ev_next"))?,
         }))
     }
 
-    /// The partition's position written to `positions`, if a message moved it.
+    /// The partition's position written to `positions`, if a message moved it, and its
+    /// new arrivals added to its deque.
     fn settle(parts: &Parts, current: Option<Current>) -> PyResult<()> {
-        match current {
-            Some(Current {
-                tp,
-                position: Some(position),
-                moved: true,
-                ..
-            }) => parts.positions.set_item(tp, position),
+        let Some(current) = current else {
+            return Ok(());
+        };
+        if let (Some(position), true) = (current.position, current.moved) {
+            parts.positions.set_item(&current.tp, position)?;
+        }
+        match current.order {
+            Some(order) if !current.arrived.is_empty() => {
+                let arrived = PyList::new(order.py(), current.arrived)?;
+                order.call_method1(intern!(order.py(), "extend"), (arrived,))?;
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -198,10 +225,7 @@ impl Enqueuer {
                 None => return Ok(false),
             },
         };
-        let append = match parts.partitions.get_item(&tp)? {
-            Some(order) => Some(order.getattr(intern!(py, "append"))?),
-            None => None,
-        };
+        let order = parts.partitions.get_item(&tp)?;
         Self::settle(parts, current.take())?;
         *current = Some(Current {
             topic: id.topic.clone(),
@@ -209,7 +233,8 @@ impl Enqueuer {
             tp,
             position,
             moved: false,
-            append,
+            order,
+            arrived: Vec::new(),
         });
         Ok(true)
     }
@@ -219,7 +244,7 @@ impl Enqueuer {
     fn enqueue<'py>(
         &self,
         parts: &Parts<'py>,
-        current: &mut Option<Current<'py>>,
+        unwritten: &mut Unwritten<'py>,
         item: &Bound<'py, PyAny>,
         seq: i64,
     ) -> PyResult<Option<bool>> {
@@ -236,16 +261,16 @@ impl Enqueuer {
         let Some(rank) = exact_int(&slots[RANK]) else {
             return Ok(None);
         };
-        let Some(behind_last) = self.behind_last(parts, rank, seq)? else {
+        let Some(behind_last) = self.behind_last(parts, unwritten, rank, seq)? else {
             return Ok(None);
         };
         let Some(next) = id.value.checked_add(1) else {
             return Ok(None);
         };
-        if !Self::enter(parts, current, &id)? {
+        if !Self::enter(parts, &mut unwritten.current, &id)? {
             return Ok(None);
         }
-        let Some(partition) = current.as_mut() else {
+        let Some(partition) = unwritten.current.as_mut() else {
             return Ok(None); // `enter` set it
         };
         if id.value < partition.position.unwrap_or(0) {
@@ -262,21 +287,17 @@ impl Enqueuer {
         }
         let key = &slots[ID];
         parts.entries.set_item(key, item)?;
-        let append = match &partition.append {
-            Some(append) => append,
-            None => {
-                let order = self.deque.bind(py).call0()?;
-                parts.partitions.set_item(&partition.tp, &order)?;
-                partition
-                    .append
-                    .insert(order.getattr(intern!(py, "append"))?)
-            }
-        };
-        append.call1((&id.offset,))?;
+        if partition.order.is_none() {
+            let order = self.deque.bind(py).call0()?;
+            parts.partitions.set_item(&partition.tp, &order)?;
+            partition.order = Some(order);
+        }
+        partition.arrived.push(id.offset);
         // SAFETY: as above.
         unsafe { replace(item, self.entry.at[STATUS], self.available.bind(py)) };
         if behind_last {
-            parts.in_order_append.call1((item,))?;
+            unwritten.available.push(item.clone());
+            unwritten.last = (rank, seq);
         } else {
             let order = (-rank).into_pyobject(py)?;
             let key = PyTuple::new(py, [order.as_any(), &seq_object, item])?;
@@ -289,7 +310,19 @@ impl Enqueuer {
     /// `ReadyQueue.push`'s choice: whether a message of `rank` and `seq` goes after the
     /// last in arrival order (else into the heap); None when that one is of another
     /// class or its rank or seq is not an exact integer.
-    fn behind_last(&self, parts: &Parts, rank: i64, seq: i64) -> PyResult<Option<bool>> {
+    fn behind_last(
+        &self,
+        parts: &Parts,
+        unwritten: &Unwritten,
+        rank: i64,
+        seq: i64,
+    ) -> PyResult<Option<bool>> {
+        if !unwritten.available.is_empty() {
+            let (last_rank, last_seq) = unwritten.last;
+            return Ok(Some(
+                last_rank > rank || (last_rank == rank && last_seq < seq),
+            ));
+        }
         let count = parts.in_order.len()?;
         if count == 0 {
             return Ok(Some(true));
