@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from amps_on_kafka.errors import ServerError
+from amps_on_kafka.native import core
 from amps_on_kafka.server import queries
 from tests.server.helpers import WAIT, is_ack
 
@@ -274,12 +275,13 @@ def test_a_clients_look_up_is_answered_from_the_frame_split_as_the_general_path(
     docs = [{"id": 3, "qty": 30}, {"id": "7", "qty": 70}, {"id": "x y", "qty": 1}]
     publish_applied(client, served.topic, [*docs, {"id": -3, "qty": -30}])
     request = {"c": "sow", "cid": "q", "t": served.topic, "a": acks, "bs": 1}
+    answered = literal in AT_ONCE and core is not None  # AMPS_NATIVE=0: _handle answers all
     for _ in range(20):  # the worker holding the engine's lock passes it on (as below)
         at_once.answered = 0
         fast = _frames(wire, {**request, "f": f"/id = {literal}"})
-        if at_once.answered or literal not in AT_ONCE:
+        if at_once.answered or not answered:
             break
-    assert at_once.answered == (literal in AT_ONCE)
+    assert at_once.answered == answered
     assert fast == _frames(wire, {**request, "f": f"/id IN ({literal})"})
     assert pool_trips.count >= 1  # the IN took the pool: the two paths were compared
 
@@ -316,6 +318,7 @@ def test_a_look_up_of_another_shape_is_passed_to_the_general_path(
         assert given[-1][0]["a"] == "completed"
 
 
+@pytest.mark.skipif(core is None, reason="no compiled core (AMPS_NATIVE=0): no plans made")
 def test_a_gateway_keeps_at_most_max_plans_look_up_shapes(
     served, client, wire, at_once, monkeypatch
 ):
