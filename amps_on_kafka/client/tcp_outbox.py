@@ -57,18 +57,34 @@ class Outbox:
         return None
 
     def put(self, frame: bytes, *, deferred: bool = False) -> bool:
-        """Send or queue a frame; False once the socket failed or the outbox closed."""
+        """Send or queue a frame; False once the socket failed or the outbox closed. A
+        command that finds the socket idle and nothing queued is written as it is, not
+        appended to the buffer and taken back out (a look-up's send: docs/performance.md,
+        the look-up's tenth round)."""
         with self._lock:
-            self._wait_for_room()
-            before = self.buffer.append(frame)
-            if before < 0:
-                return False
-            if self._writing or deferred:
-                if before == 0:
-                    self._changed.notify_all()  # the writer sends it (after the write under way)
-                return True
-            data = self._take()
+            if not (self._writing or deferred or len(self.buffer)):
+                if self._failed or self._closing:  # the buffer is closed: append() refuses
+                    return False
+                self._writing = True
+                data = frame
+            else:
+                data = self._queue(frame, deferred)
+                if type(data) is bool:
+                    return data
         return self._send(data)
+
+    def _queue(self, frame: bytes, deferred: bool) -> bytes | bool:
+        """Under the lock: append `frame` behind what waits; the bytes this caller writes
+        now, or True (queued for the writer thread) or False (the outbox is closed)."""
+        self._wait_for_room()
+        before = self.buffer.append(frame)
+        if before < 0:
+            return False
+        if self._writing or deferred:
+            if before == 0:
+                self._changed.notify_all()  # the writer sends it (after the write under way)
+            return True
+        return self._take()
 
     def close(self, timeout: float) -> None:
         """Send what is queued, then stop the writer."""

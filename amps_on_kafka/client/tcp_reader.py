@@ -27,7 +27,6 @@ the baton back and waits on its queue for the rest, the reader thread reading fo
 
 from __future__ import annotations
 
-import logging
 import queue
 import socket
 import struct
@@ -38,10 +37,7 @@ from typing import Any
 
 from amps_on_kafka.client.stream import TICK_INTERVAL
 from amps_on_kafka.client.tls import TlsSocket
-from amps_on_kafka.protocol.frames import READ_SIZE, Frame, FrameDecoder
-
-# the transport's log lines keep its logger name (client/tcp_transport.py)
-log = logging.getLogger("amps_on_kafka.client.tcp_transport")
+from amps_on_kafka.protocol.frames import READ_SIZE, Event, FrameDecoder
 
 MAX_INBOUND_FRAME = 1 << 30  # the gateway bounds its frames; this only guards the decoder
 SLICE = 0.05  # seconds: a read's longest wait, under a stream's TICK_INTERVAL
@@ -63,12 +59,13 @@ class SocketReader:
         self,
         sock: socket.socket | TlsSocket,
         name: str,
-        route: Callable[[Frame], None],
+        route: Callable[[list[Event]], None],
         lose: Callable[[str], None],
         subscriptions: dict[str, queue.SimpleQueue[Any]],
     ) -> None:
-        """`route` a frame to its waiter; `lose` the connection (which calls end());
-        `subscriptions`: the open ones' routes (their streams need the reader thread)."""
+        """`route` a read's frames (and bad frames) to their waiters, in order; `lose`
+        the connection (which calls end()); `subscriptions`: the open ones' routes
+        (their streams need the reader thread)."""
         self._sock = sock
         self._decoder = FrameDecoder(MAX_INBOUND_FRAME)
         self._route, self._lose, self._subscriptions = route, lose, subscriptions
@@ -193,8 +190,4 @@ class SocketReader:
         if not data:
             self._lose("the gateway closed the connection")
             return
-        for event in self._decoder.feed(data):
-            if isinstance(event, Frame):
-                self._route(event)
-            else:
-                log.warning("bad frame from the gateway: %s", event.reason)
+        self._route(self._decoder.feed(data))

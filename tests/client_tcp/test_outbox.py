@@ -116,6 +116,20 @@ def test_a_write_to_a_closed_peer_is_refused_and_reported(pair):
     outbox.close(WAIT)
 
 
+def test_a_frame_put_after_close_is_refused_and_not_sent(pair):
+    """The idle socket's direct write (a command with nothing queued) refuses what the
+    buffer would refuse: a frame put once the outbox closed is neither sent nor kept."""
+    ours, peer = pair
+    outbox = Outbox(ours, lambda reason: None)
+    assert outbox.put(b"before;")
+    assert read_exactly(peer, len(b"before;")) == b"before;"
+    outbox.close(WAIT)
+    assert outbox.put(b"after;") is False
+    assert outbox.put(b"deferred;", deferred=True) is False
+    ours.close()  # the peer reads the end: nothing came after the first frame
+    assert peer.recv(64) == b""
+
+
 class Sent:
     """What an AckBatcher sent, with an event per sow_delete."""
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from amps_on_kafka.client import tcp_transport
 from amps_on_kafka.errors import ServerError
-from amps_on_kafka.protocol.frames import encode_frame
+from amps_on_kafka.protocol.frames import encode_frame, frame_of
 from tests.client_tcp.test_reader_baton import ack, scripted_client
 from tests.polling import until
 from tests.server.helpers import WAIT
@@ -181,6 +181,18 @@ def test_deliveries_in_the_answers_read_reach_their_subscription():
         gateway.send(delivery(0) + ack(cid) + delivery(1) + frames + delivery(2))
         assert [m.data["id"] for m in looked.result(WAIT)] == [7]
         assert [subscription.next(timeout=WAIT).data["n"] for _ in range(3)] == [0, 1, 2]
+
+
+def test_a_bad_frame_in_the_answers_read_is_logged_and_the_rest_routed(caplog):
+    """A read's frames are routed in one call: a frame whose header is not JSON, read
+    with a look-up's answer, is logged, and the frames before and after it still reach
+    their waiter in order."""
+    with scripted_client(2) as (gateway, client, pool):
+        looked = pool.submit(client.sow, "t", "/id = 7")
+        cid = gateway.recv().header["cid"]
+        gateway.send(ack(cid) + frame_of(b"not json") + answer(cid, [[7, 8]]))
+        assert [m.data["id"] for m in looked.result(WAIT)] == [7, 8]
+    assert "bad frame from the gateway" in caplog.text
 
 
 def test_a_real_gateways_answers_are_those_the_stream_gives(served, client_to, monkeypatch):
