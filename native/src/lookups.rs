@@ -182,7 +182,9 @@ fn look_up_answer<'py>(
             key,
             bookmark: Cow::Borrowed(bookmark),
             timestamp: *timestamp,
-            seconds: seconds.as_ref().map(|seconds| Cow::Borrowed(seconds.as_bytes())),
+            seconds: seconds
+                .as_ref()
+                .map(|seconds| Cow::Borrowed(seconds.as_bytes())),
             payload: payload.as_bytes(),
         })
         .collect();
