@@ -58,6 +58,9 @@ class SpreadSubscription:
             extra[ENTITLEMENT] = self.local.entitlement.text
         for address, parts in plan.remote.items():
             link = await PeerLink.open(address, self.cluster.gateway.peer_access)
+            if self.closed:  # closed while the link opened: close() saw no leg for it
+                link.close()
+                return
             leg = Leg(self, link)
             self.legs.append(leg)
             link.send(forwarded(self.request.header, command, parts, sub_id=self.sub_id, **extra))
@@ -72,6 +75,8 @@ class SpreadSubscription:
         gateway = self.cluster.gateway
         plan = await self.cluster.plan(query.topic)
         await self.open_legs(plan, "sow_and_subscribe", a="stats", bs=MAX_BATCH)
+        if self.closed:
+            return
         boundary = Boundary(gateway.fanout)
         options = query.options()
         local = await gateway.blocking(
