@@ -62,7 +62,7 @@ def test_a_link_opened_after_the_subscription_closed_is_closed_not_made_a_leg(
     monkeypatch.setattr(spread.PeerLink, "open", open_link)
     plan = Plan("orders", {0: LOCAL, 1: "peer-a:1", 2: "peer-b:1"})
 
-    asyncio.run(sub.open_legs(plan, "subscribe"))
+    asyncio.run(asyncio.wait_for(sub.open_legs(plan, "subscribe"), 10))
     assert sub.closed
     assert all(link.closed for link in links), "every link opened is closed"
     assert len(links) == closed_at + 1, "no link is opened once the subscription closed"
