@@ -11,8 +11,8 @@ so is the publisher. Each subscriber decodes every message and acks it (batched 
 client, ACK_BATCH bookmarks per sow_delete) and asks for batched delivery (option
 `batch`: a burst of deliveries in one frame; --unbatched: a frame per message). The
 rate is messages read from Kafka, delivered, acknowledged and removed per second, from
-the first delivery until the queue is empty, beside, in the same run and on the same
-broker:
+the first delivery until the queue is empty (after an unmeasured run of WARM_UP
+messages), beside, in the same run and on the same broker:
 
 - raw confluent-kafka consuming (and decoding) the same messages from the log;
 - Kafka's own queues, KIP-932 share groups: SUBSCRIBERS ShareConsumers with
