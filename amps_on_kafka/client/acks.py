@@ -127,8 +127,8 @@ class AckBatcher:
                 )
             self._pending.batch_size = min(batch_size, MAX_BATCH_SIZE)
         if timeout is not None:
-            if timeout < 0:
-                raise ValueError(f"ack timeout can't be negative: {timeout}")
+            if not timeout >= 0:  # NaN too: the timer's waits would fail on it
+                raise ValueError(f"ack timeout must be seconds, at least 0, not {timeout!r}")
             self.timeout = timeout
 
     def settle(self, due: Batches | bool) -> None:

@@ -191,6 +191,12 @@ def test_an_ack_batch_size_is_a_whole_number_of_at_least_one(size):
         AckBatcher(Sent()).configure(batch_size=size)
 
 
+@pytest.mark.parametrize("seconds", [-0.001, float("nan")])
+def test_an_ack_timeout_is_seconds_of_at_least_zero(seconds):
+    with pytest.raises(ValueError, match="ack timeout must be seconds, at least 0"):
+        AckBatcher(Sent()).configure(timeout=seconds)
+
+
 def test_close_sends_what_waits():
     sent = Sent()
     batcher = AckBatcher(sent, batch_size=100, timeout=60)
