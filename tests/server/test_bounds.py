@@ -127,7 +127,8 @@ def test_a_frame_dribbled_byte_by_byte_is_timed_from_its_first_byte(gateway_with
         if wire.is_closed(timeout=0.2):
             closed_after = time.monotonic() - started
             break
-    assert closed_after is not None and 1.0 <= closed_after < 6
+    # uvloop's timers count whole milliseconds, so its 1 s may end a hair early
+    assert closed_after is not None and 0.99 <= closed_after < 6
 
 
 def test_a_steady_stream_split_across_reads_is_not_timed_out(gateway_with, wire_to):
